@@ -1,0 +1,80 @@
+// dcr/codec/item.hpp: records, items and payload identity: the vocabulary shared by the owner
+// side (detect, project, encode) and the receiver side (decode, validate, apply).
+//
+// A record is (destination, new bits) for one changed canonical element. An item is one owner's
+// records for one canonical tensor, with the values already expressed in the item's encoding:
+// xor masks (old ^ new), ulp deltas, or the new bits themselves (overwrite). A payload packs
+// items of one owner for one attempt of one transition.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "dcr/canonical.hpp"
+#include "dcr/dtype.hpp"
+
+namespace dcr {
+
+/// How an item's values turn resident bits into new bits. The numeric values are part of the
+/// payload format.
+enum class encoding : std::uint8_t {
+  overwrite = 0,  ///< value = new bits. Idempotent; always allowed; the only one retries use.
+  xor_mask = 1,   ///< value = old ^ new. Needs resident == committed bits, bit-preserving path.
+  ulp = 2,        ///< value = key(new) - key(old) mod 2^w. Same preconditions as xor.
+};
+
+/// Which encodings an attempt may use.
+enum class encoding_policy : std::uint8_t {
+  mixed = 0,           ///< the smallest permitted encoding per item (default)
+  overwrite_only = 1,  ///< retries and dense restores
+  xor_only = 2,        ///< xor wherever permitted, overwrite elsewhere
+  ulp_only = 3,        ///< ulp wherever permitted, overwrite elsewhere
+};
+
+/// One owner's changes to one canonical tensor.
+struct item {
+  tensor_id tensor = 0;
+  dtype type = dtype::bf16;
+  encoding enc = encoding::overwrite;
+  /// Sorted, strictly increasing canonical flat indices.
+  std::vector<std::uint64_t> indices;
+  /// indices.size() words of dtype_size(type) bytes each, in host byte order, in the item's
+  /// encoding (masks, deltas or new bits).
+  std::vector<std::byte> values;
+
+  [[nodiscard]] std::size_t count() const noexcept { return indices.size(); }
+  [[nodiscard]] std::size_t word_bytes() const noexcept { return dtype_size(type); }
+
+  /// Typed view of the values; W must have the width of `type`.
+  template <storage_word W>
+  [[nodiscard]] std::span<const W> words() const noexcept {
+    return {reinterpret_cast<const W*>(values.data()), indices.size()};
+  }
+  template <storage_word W>
+  [[nodiscard]] std::span<W> words() noexcept {
+    return {reinterpret_cast<W*>(values.data()), indices.size()};
+  }
+};
+
+/// Identifies one payload; receivers apply each id at most once per transition.
+struct payload_id {
+  std::uint64_t base_version = 0;
+  std::uint64_t target_version = 0;
+  std::uint32_t attempt = 0;
+  std::uint32_t owner = 0;
+  std::uint32_t sequence = 0;
+  friend constexpr bool operator==(const payload_id&, const payload_id&) = default;
+  friend constexpr auto operator<=>(const payload_id&, const payload_id&) = default;
+};
+
+/// The header fields a payload carries besides its items.
+struct payload_header {
+  payload_id id;
+  /// tensor_registry::fingerprint() of the model the items address.
+  std::uint64_t registry_fingerprint = 0;
+};
+
+}  // namespace dcr
