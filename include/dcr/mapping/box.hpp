@@ -77,6 +77,19 @@ class box {
     return local_extents_[k];
   }
 
+  /// How many local indices from i on map to consecutive canonical indices of one part (>= 1
+  /// for i < local_size()): lets copies and projections move whole runs at once.
+  [[nodiscard]] DCR_HOST_DEVICE constexpr std::uint64_t run_length(std::uint64_t i) const noexcept {
+    if (rank_ == 0) return local_size_ - i;
+    // Trailing local axes that walk the canonical tensor densely form one run.
+    std::uint64_t span = 1;
+    int k = rank_ - 1;
+    for (; k >= 0 && step_[k] == static_cast<std::int64_t>(span); --k)
+      span *= static_cast<std::uint64_t>(local_extents_[k]);
+    if (span == 1) return 1;
+    return span - i % span;
+  }
+
   DCR_HOST_DEVICE constexpr mapped_index operator()(std::uint64_t i) const noexcept {
     std::uint64_t index = base_;
     for (int k = rank_ - 1; k >= 0; --k) {

@@ -51,6 +51,12 @@ class column_split {
     return {0, row * columns_ + first_column_ + col};
   }
 
+  /// How many local indices from i on map to consecutive canonical indices of one part (>= 1
+  /// for i < local_size()): lets copies and projections move whole runs at once.
+  [[nodiscard]] DCR_HOST_DEVICE constexpr std::uint64_t run_length(std::uint64_t i) const noexcept {
+    return local_columns_ - i % local_columns_;
+  }
+
   /// The same mapping as a box over `canonical_shape`.
   [[nodiscard]] box to_box(std::span<const std::int64_t> canonical_shape) const {
     std::vector<std::int64_t> off(canonical_shape.size(), 0);

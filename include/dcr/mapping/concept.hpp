@@ -10,7 +10,8 @@
 //   * defined for every local index in [0, local_size());
 //   * injective: distinct local indices map to distinct (part, index);
 //   * in range: index < part_size(part) and part < parts();
-//   * the shards of one split together cover each canonical tensor exactly once.
+//   * the shards of one split together cover each canonical tensor exactly once;
+//   * run_length(i) = r means m(i + k) = {m(i).part, m(i).index + k} for every k < r.
 // `preserves_bits` says whether the projection copies stored words unchanged (true for every
 // pure index mapping); only such tasks may carry xor or ulp records.
 #pragma once
@@ -41,6 +42,7 @@ concept index_mapping =
       { m.parts() } -> std::same_as<std::uint32_t>;
       { m.part_size(p) } -> std::same_as<std::uint64_t>;
       { m(i) } -> std::same_as<mapped_index>;
+      { m.run_length(i) } -> std::same_as<std::uint64_t>;
       { M::preserves_bits() } -> std::same_as<bool>;
       { m.is_unique() } -> std::same_as<bool>;
       { m.is_exhaustive() } -> std::same_as<bool>;

@@ -39,6 +39,14 @@ class stacked {
   }
   [[nodiscard]] DCR_HOST_DEVICE constexpr const box& inner() const noexcept { return inner_; }
 
+  /// How many local indices from i on map to consecutive canonical indices of one part (>= 1
+  /// for i < local_size()): lets copies and projections move whole runs at once.
+  [[nodiscard]] DCR_HOST_DEVICE constexpr std::uint64_t run_length(std::uint64_t i) const noexcept {
+    const std::uint64_t within = i % slice_size_;
+    const std::uint64_t run = inner_.run_length(within);
+    return run < slice_size_ - within ? run : slice_size_ - within;
+  }
+
   DCR_HOST_DEVICE constexpr mapped_index operator()(std::uint64_t i) const noexcept {
     const auto e = static_cast<std::uint32_t>(i / slice_size_);
     return {e, inner_(i - static_cast<std::uint64_t>(e) * slice_size_).index};

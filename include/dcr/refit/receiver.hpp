@@ -1,0 +1,135 @@
+// dcr/refit/receiver.hpp: one serving rank's side of the protocol: validate, deduplicate and
+// apply payloads in place through the engine's native loader.
+//
+// A receiver is bound to one model (tensor registry) and one engine loader. Per transition it
+// is told which attempt is current (begin_attempt); payloads of any other transition or attempt
+// are refused as stale (that is how a failed attempt is fenced: its late payloads can no longer
+// land). Each payload is fully decoded and validated before its first write, applied at most
+// once per transition, and applied through item_applier's check-then-write passes, so a bad
+// payload changes nothing.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "dcr/apply/apply.hpp"
+#include "dcr/apply/dedupe.hpp"
+#include "dcr/codec/payload.hpp"
+#include "dcr/transport/concept.hpp"
+
+namespace dcr {
+
+/// What happened to one delivered payload.
+enum class apply_outcome {
+  applied,    ///< validated and written
+  duplicate,  ///< already applied in this transition; dropped without a write
+};
+
+/// Counters a receiver keeps for the current transition.
+struct receiver_stats {
+  std::uint64_t payloads_applied = 0;
+  std::uint64_t duplicates_dropped = 0;
+  std::uint64_t payload_bytes = 0;
+  std::uint64_t records = 0;
+  std::uint64_t writes = 0;
+  double decode_seconds = 0;
+  double apply_seconds = 0;
+};
+
+/// The protocol interface of a receiver, independent of its loader type (the coordinator talks
+/// to receivers of different engines through it).
+class receiver_endpoint {
+ public:
+  virtual ~receiver_endpoint() = default;
+  /// Makes `key` the only attempt whose payloads are accepted; resets deduplication when the
+  /// transition changes.
+  virtual void begin_attempt(const attempt_key& key) = 0;
+  /// Validates, deduplicates and applies one payload. Throws dcr::error (stale_payload,
+  /// corrupt_payload, ...) with storage unchanged.
+  virtual apply_outcome apply_payload(std::span<const std::byte> bytes) = 0;
+  /// The transition committed at version `version`.
+  virtual void end_transition(std::uint64_t version) = 0;
+  /// Counters since the last begin of a transition.
+  [[nodiscard]] virtual const receiver_stats& stats() const = 0;
+};
+
+template <class Loader>
+class receiver final : public receiver_endpoint {
+ public:
+  /// The registry and loader must outlive the receiver.
+  receiver(const tensor_registry& registry, Loader& loader)
+      : registry_(&registry), applier_(registry, loader) {}
+
+  /// Reserves scratch and probes the loader (see item_applier::prewarm). Call once before the
+  /// first transition and again whenever the engine's placement changes.
+  void prewarm() { applier_.prewarm(); }
+
+  /// Loads one canonical tensor densely through the same loader (initial load, dense restore of
+  /// the committed version by a receiver that joins between attempts).
+  template <storage_word W>
+  void dense_load(tensor_id id, tensor_view<const W> canonical_words) {
+    applier_.template dense_load<W>(id, canonical_words);
+  }
+
+  void begin_attempt(const attempt_key& key) override {
+    if (!has_attempt_ || key.base_version != current_.base_version ||
+        key.target_version != current_.target_version) {
+      ledger_.reset_for(key.base_version, key.target_version);
+      stats_ = {};
+    }
+    current_ = key;
+    has_attempt_ = true;
+  }
+
+  apply_outcome apply_payload(std::span<const std::byte> bytes) override {
+    DCR_EXPECTS(has_attempt_, errc::not_ready, "receiver: payload before begin_attempt");
+    const auto t0 = clock::now();
+    // The header alone identifies a duplicate; a duplicate costs no decode and no write.
+    const payload_header peeked = payload_decoder::peek_header(bytes);
+    if (attempt_of(peeked.id) == current_ && ledger_.seen(peeked.id)) {
+      ++stats_.duplicates_dropped;
+      return apply_outcome::duplicate;
+    }
+    const transition_filter expect{current_.base_version, current_.target_version,
+                                   current_.attempt};
+    const payload_header header = decoder_.decode(bytes, *registry_, items_, &expect);
+    const auto t1 = clock::now();
+    const apply_stats s = applier_.apply(items_);
+    ledger_.mark(header.id);
+    const auto t2 = clock::now();
+    ++stats_.payloads_applied;
+    stats_.payload_bytes += bytes.size();
+    stats_.records += s.records;
+    stats_.writes += s.writes;
+    stats_.decode_seconds += seconds(t1 - t0);
+    stats_.apply_seconds += seconds(t2 - t1);
+    return apply_outcome::applied;
+  }
+
+  void end_transition(std::uint64_t version) override {
+    committed_version_ = version;
+    has_attempt_ = false;
+  }
+
+  [[nodiscard]] const receiver_stats& stats() const override { return stats_; }
+  /// The version this receiver last saw committed.
+  [[nodiscard]] std::uint64_t committed_version() const noexcept { return committed_version_; }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  const tensor_registry* registry_;
+  item_applier<Loader> applier_;
+  payload_decoder decoder_;
+  payload_ledger ledger_;
+  std::vector<item> items_;
+  attempt_key current_{};
+  bool has_attempt_ = false;
+  std::uint64_t committed_version_ = 0;
+  receiver_stats stats_;
+};
+
+}  // namespace dcr

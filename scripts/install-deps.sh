@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# install-deps.sh: installs what dcr's build and tests need on Debian 12: the apt packages below
+# and the Python modules safetensors and numpy (pip). Idempotent: it checks first, so a run with
+# nothing missing touches neither apt nor pip and takes well under a second. Uses sudo only when
+# not run as root.
+set -euo pipefail
+
+packages=(build-essential pkg-config meson ninja-build ccache libzstd-dev libxxhash-dev libfmt-dev
+          doctest-dev libbenchmark-dev libdlpack-dev zstd xdelta3)
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
+
+have_python_modules() { python3 -c 'import safetensors, numpy' >/dev/null 2>&1; }
+
+# Missing apt packages: the ones dpkg does not report as installed (one dpkg-query for all).
+declare -A installed=()
+while read -r name status; do
+  if [[ $status == installed ]]; then installed[$name]=1; fi
+done < <(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${packages[@]}" 2>/dev/null || true)
+missing=()
+for p in "${packages[@]}"; do
+  [[ -v installed[$p] ]] || missing+=("$p")
+done
+
+# python3 may come from elsewhere (pyenv); pip is needed only to install missing modules.
+modules_ok=false
+if ! command -v python3 >/dev/null; then
+  missing+=(python3 python3-pip)
+elif have_python_modules; then
+  modules_ok=true
+elif ! python3 -m pip --version >/dev/null 2>&1; then
+  missing+=(python3-pip)
+fi
+
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -q
+  "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ! $modules_ok; then
+  echo "install-deps: installing Python modules safetensors, numpy"
+  pip_args=(install --quiet safetensors numpy)
+  # Debian's own python3 refuses pip installs outside a venv (PEP 668) unless told otherwise.
+  if python3 -c 'import os, sys, sysconfig; sys.exit(not (sys.prefix == sys.base_prefix and
+      os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))))'; then
+    pip_args+=(--break-system-packages)
+  fi
+  # (pip itself falls back to the user site where site-packages is not writable.)
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip "${pip_args[@]}"
+  have_python_modules || { echo "install-deps: safetensors/numpy still not importable" >&2; exit 1; }
+fi

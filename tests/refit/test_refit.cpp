@@ -1,0 +1,275 @@
+// End-to-end property tests: every delta refit leaves every receiver bit-identical to a dense
+// refit of the same weights through the same engine loader, over randomized trainer and
+// receiver layouts, dtypes, change rates and special bit patterns; bad payloads change nothing;
+// failed attempts are repaired by overwrite retries.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dcr/sim/deployment.hpp"
+
+namespace {
+
+using dcr::sim::in_process_deployment;
+
+int seeds_from_env(int fallback) {
+  const char* s = std::getenv("DCR_TEST_SEEDS");
+  return s ? std::max(1, std::atoi(s)) : fallback;
+}
+
+dcr::sim::moe_config tiny_model(dcr::sim::rng& g, dcr::dtype type) {
+  dcr::sim::moe_config c;
+  c.type = type;
+  c.hidden = 8 + static_cast<std::int64_t>(g.next() % 5) * 8 + static_cast<std::int64_t>(g.next() % 3);
+  c.kv_dim = 1 + static_cast<std::int64_t>(g.next() % 9);
+  c.dense_ffn = 5 + static_cast<std::int64_t>(g.next() % 40);
+  c.expert_ffn = 1 + static_cast<std::int64_t>(g.next() % 12);
+  c.experts = 1 + static_cast<std::int64_t>(g.next() % 7);
+  c.layers = 2 + static_cast<std::int64_t>(g.next() % 2);
+  c.vocab = 3 + static_cast<std::int64_t>(g.next() % 60);
+  return c;
+}
+
+// Words that float equality mishandles: zeros of both signs, NaNs with payloads, infinities,
+// subnormals.
+template <class W>
+std::vector<W> special_words(dcr::dtype t) {
+  if constexpr (sizeof(W) == 2) {
+    if (t == dcr::dtype::bf16) return {0x0000, 0x8000, 0x7fc0, 0x7fc1, 0xffc3, 0x7f81, 0x7f80, 0xff80, 0x0001, 0x807f};
+    return {0x0000, 0x8000, 0x7e00, 0x7e01, 0xfe03, 0x7c01, 0x7c00, 0xfc00, 0x0001, 0x83ff};
+  } else {
+    return {0x00000000u, 0x80000000u, 0x7fc00000u, 0x7fc00001u, 0xffc12345u, 0x7f800001u,
+            0x7f800000u, 0xff800000u, 0x00000001u, 0x807fffffu};
+  }
+}
+
+// Overwrites `count` random words of random shards with special patterns.
+void inject_specials(dcr::sim::synthetic_trainer& trainer, dcr::sim::rng& g, int count) {
+  const auto type = trainer.config().type;
+  for (int k = 0; k < count; ++k) {
+    const std::size_t shard = g.next() % trainer.shards().size();
+    auto words = trainer.mutable_words(shard);
+    if (words.empty()) continue;
+    dcr::visit_word(dcr::dtype_size(type), [&](auto w) {
+      using W = decltype(w);
+      if constexpr (sizeof(W) == 2 || sizeof(W) == 4) {
+        const auto specials = special_words<W>(type);
+        auto* p = reinterpret_cast<W*>(words.data());
+        p[g.next() % (words.size() / sizeof(W))] = specials[g.next() % specials.size()];
+      }
+    });
+  }
+}
+
+// Deep copy of every receiver's storage, to prove a rejected payload changed nothing.
+std::vector<dcr::sim::moe_engine_storage> snapshot(in_process_deployment& d) {
+  std::vector<dcr::sim::moe_engine_storage> s;
+  for (std::size_t r = 0; r < d.receiver_count(); ++r) s.push_back(d.storage_at(r));
+  return s;
+}
+void check_unchanged(in_process_deployment& d, const std::vector<dcr::sim::moe_engine_storage>& s) {
+  for (std::size_t r = 0; r < d.receiver_count(); ++r) REQUIRE(d.storage_at(r).first_difference(s[r]) == "");
+}
+
+dcr::sim::deployment_options small_options(dcr::dtype type = dcr::dtype::bf16) {
+  dcr::sim::deployment_options o;
+  o.model = dcr::sim::moe_config{};  // hidden 64, 2 layers, 8 experts
+  o.model.type = type;
+  o.trainer_tp = 2;
+  o.trainer_dp = 2;
+  o.receiver_tp = 4;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("delta refit equals dense refit across layouts, dtypes, change rates and specials") {
+  const int seeds = seeds_from_env(200);
+  const int tps[] = {1, 2, 4, 8};
+  const dcr::dtype types[] = {dcr::dtype::bf16, dcr::dtype::f16, dcr::dtype::f32};
+  const double rates[] = {0.0, 0.001, 0.01, 1.0, 0.01};
+  for (int seed = 1; seed <= seeds; ++seed) {
+    dcr::sim::rng g(static_cast<std::uint64_t>(seed) * 7919);
+    dcr::sim::deployment_options o;
+    o.model = tiny_model(g, types[g.next() % 3]);
+    o.trainer_tp = tps[g.next() % 4];
+    o.trainer_dp = 1 + static_cast<int>(g.next() % 4);
+    o.receiver_tp = tps[g.next() % 4];
+    o.seed = static_cast<std::uint64_t>(seed);
+    CAPTURE(seed);
+    CAPTURE(o.trainer_tp);
+    CAPTURE(o.trainer_dp);
+    CAPTURE(o.receiver_tp);
+    CAPTURE(std::string(dcr::dtype_name(o.model.type)));
+    in_process_deployment d(o);
+    inject_specials(d.trainer(), g, 20);
+    d.start();
+    REQUIRE(d.verify_against_dense_refit() == "");  // the initial dense load itself
+    for (double rate : rates) {
+      CAPTURE(rate);
+      d.trainer().stress_step(rate);
+      inject_specials(d.trainer(), g, 10);
+      dcr::refit_options ro;
+      ro.policy = (g.next() % 3 == 0) ? dcr::encoding_policy::overwrite_only : dcr::encoding_policy::mixed;
+      ro.bucket_bytes = 1 + g.next() % 4096;  // many small payloads as well as single ones
+      const auto report = d.refit(ro);
+      REQUIRE(report.committed);
+      REQUIRE(report.attempts.size() == 1);
+      REQUIRE(d.verify_against_dense_refit() == "");
+    }
+    CHECK(d.version() == 5);
+  }
+}
+
+TEST_CASE("a refit with no changes sends no records and keeps every receiver exact") {
+  in_process_deployment d(small_options());
+  d.start();
+  const auto report = d.refit();
+  REQUIRE(report.committed);
+  CHECK(report.attempts[0].records == 0);
+  CHECK(report.attempts[0].changed_elements == 0);
+  CHECK(d.verify_against_dense_refit() == "");
+}
+
+TEST_CASE("bad payloads are refused with a clear error and leave storage bit-identical") {
+  in_process_deployment d(small_options());
+  d.start();
+  d.trainer().stress_step(0.05);
+  // Attempt 0 is published, but every receiver drops out before applying anything, and no retry
+  // is allowed: its payloads stay in the transport, uncommitted.
+  dcr::refit_options once;
+  once.max_attempts = 1;
+  once.bucket_bytes = 2048;
+  const auto report = d.refit(once, [](std::uint32_t, std::size_t, std::size_t) {
+    return dcr::delivery_action::fail_receiver;
+  });
+  REQUIRE_FALSE(report.committed);
+  const dcr::attempt_key key{0, 1, 0};
+  const auto ids = d.transport().manifest(key);
+  REQUIRE(ids.size() >= 2);
+  std::vector<std::byte> payload;
+  d.transport().fetch(ids[0], payload);
+  auto& rx = d.receiver_at(0);
+  rx.begin_attempt(key);
+  const auto before = snapshot(d);
+
+  auto expect_error = [&](std::span<const std::byte> bytes, const char* what) {
+    CAPTURE(what);
+    try {
+      rx.apply_payload(bytes);
+      FAIL("accepted a bad payload");
+    } catch (const dcr::error& e) {
+      CHECK(std::string(e.what()).size() > 10);  // says what and where
+    }
+    check_unchanged(d, before);
+  };
+
+  SUBCASE("flipped bits anywhere") {
+    for (std::size_t at = 0; at < payload.size(); at += 1 + payload.size() / 97) {
+      auto bad = payload;
+      bad[at] ^= std::byte{0x04};
+      expect_error(bad, "flipped bit");
+    }
+  }
+  SUBCASE("truncated") {
+    for (std::size_t len : {std::size_t{0}, std::size_t{7}, payload.size() / 2, payload.size() - 1})
+      expect_error(std::span<const std::byte>(payload.data(), len), "truncated");
+  }
+  SUBCASE("another transition or a fenced attempt") {
+    rx.begin_attempt({5, 6, 0});
+    expect_error(payload, "other transition");
+    rx.begin_attempt({0, 1, 1});  // attempt 0 is fenced once attempt 1 began
+    expect_error(payload, "fenced attempt");
+  }
+  SUBCASE("duplicated delivery is dropped") {
+    CHECK(rx.apply_payload(payload) == dcr::apply_outcome::applied);
+    const auto after_first = snapshot(d);
+    CHECK(rx.apply_payload(payload) == dcr::apply_outcome::duplicate);
+    check_unchanged(d, after_first);
+    CHECK(rx.stats().duplicates_dropped == 1);
+  }
+  SUBCASE("a payload for another model") {
+    auto other_options = small_options();
+    other_options.model.hidden = 32;
+    in_process_deployment other(other_options);
+    other.start();
+    other.trainer().stress_step(0.05);
+    REQUIRE(other.refit(once, [](std::uint32_t, std::size_t, std::size_t) {
+                   return dcr::delivery_action::fail_receiver;
+                 }).committed == false);
+    std::vector<std::byte> foreign;
+    other.transport().fetch(other.transport().manifest(key).at(0), foreign);
+    expect_error(foreign, "other model");
+  }
+}
+
+TEST_CASE("a failed attempt is repaired by an overwrite retry; duplicates and corruption are survived") {
+  for (auto action : {dcr::delivery_action::fail_receiver, dcr::delivery_action::deliver_twice,
+                      dcr::delivery_action::corrupt}) {
+    CAPTURE(static_cast<int>(action));
+    in_process_deployment d(small_options());
+    d.start();
+    d.trainer().stress_step(0.03);
+    dcr::refit_options ro;
+    ro.bucket_bytes = 1024;
+    // Receiver 1 gets the fault at its third payload of attempt 0; earlier payloads were applied
+    // (xor records), so a dropped receiver holds a partial transition until the retry.
+    const auto report = d.refit(ro, [&](std::uint32_t attempt, std::size_t r, std::size_t k) {
+      return attempt == 0 && r == 1 && k == 2 ? action : dcr::delivery_action::deliver;
+    });
+    REQUIRE(report.committed);
+    if (action == dcr::delivery_action::fail_receiver) {
+      REQUIRE(report.attempts.size() == 2);
+      CHECK_FALSE(report.attempts[0].succeeded);
+      CHECK(report.attempts[1].policy == dcr::encoding_policy::overwrite_only);
+    } else {
+      REQUIRE(report.attempts.size() == 1);
+    }
+    if (action == dcr::delivery_action::deliver_twice) CHECK(report.attempts[0].duplicates_dropped == 1);
+    if (action == dcr::delivery_action::corrupt) CHECK(report.attempts[0].corrupt_refetched == 1);
+    CHECK(d.verify_against_dense_refit() == "");
+    // The next transition builds on the committed baseline and stays exact.
+    d.trainer().stress_step(0.03);
+    REQUIRE(d.refit().committed);
+    CHECK(d.verify_against_dense_refit() == "");
+  }
+}
+
+TEST_CASE("a coordinator whose commit record moved mid-transition loses the compare-and-set") {
+  in_process_deployment d(small_options());
+  d.start();
+  d.trainer().stress_step(0.01);
+  bool moved = false;
+  try {
+    // Another coordinator (a failover) commits while this one is delivering.
+    (void)d.refit({}, [&](std::uint32_t, std::size_t, std::size_t) {
+      if (!moved) {
+        const auto record = d.commits().read();
+        REQUIRE(d.commits().compare_and_set(record, dcr::commit_record{1, 9, record->registry_fingerprint, 99}));
+        moved = true;
+      }
+      return dcr::delivery_action::deliver;
+    });
+    FAIL("commit succeeded against a moved record");
+  } catch (const dcr::error& e) {
+    CHECK(e.dcr_code() == dcr::errc::commit_conflict);
+  }
+  CHECK(d.commits().read()->attempt == 9);  // the other coordinator's record stands
+}
+
+TEST_CASE("payload bytes scale with changes, far below the checkpoint") {
+  in_process_deployment d(small_options());
+  d.start();
+  d.trainer().stress_step(0.01);
+  const auto r1 = d.refit();
+  d.trainer().stress_step(0.2);
+  const auto r20 = d.refit();
+  REQUIRE(r1.committed);
+  REQUIRE(r20.committed);
+  const auto checkpoint = static_cast<std::uint64_t>(d.registry().total_bytes());
+  CHECK(r1.attempts[0].payload_bytes < checkpoint / 10);
+  CHECK(r20.attempts[0].payload_bytes > 3 * r1.attempts[0].payload_bytes);
+  CHECK(d.verify_against_dense_refit() == "");
+}
