@@ -34,6 +34,8 @@ enum class errc : int {
   fenced_attempt = 17,         ///< a write from an attempt that was fenced off
   not_ready = 18,              ///< an operation was called out of protocol order
   overflow = 19,               ///< a size or count does not fit its field
+  device_error = 20,           ///< a CUDA runtime call failed
+  registry_mismatch = 21,      ///< payload or record built for another model (fingerprint)
 };
 
 /// The category of `dcr::errc`; name "dcr".
@@ -77,6 +79,8 @@ class error_category_impl final : public std::error_category {
       case errc::fenced_attempt: return "fenced attempt";
       case errc::not_ready: return "called out of protocol order";
       case errc::overflow: return "size overflow";
+      case errc::device_error: return "device error";
+      case errc::registry_mismatch: return "registry mismatch";
     }
     return "unknown dcr error";
   }

@@ -176,7 +176,7 @@ TEST_CASE("in-place apply equals a dense refit byte for byte (random models, TP 
   for (int world : {1, 2, 4, 8})
     for (dtype type : {dtype::bf16, dtype::f16, dtype::f32})
       for (double rate : {0.0, 0.001, 0.01, 1.0})
-        for (int rep = 0; rep < 2; ++rep) {
+        for (int rep = 0; rep < 4; ++rep) {
           const model_config c = random_config(rng, type);
           const tensor_registry reg(dcr_test::canonical_tensors(c));
           const auto m = random_versions(rng, reg, rate);

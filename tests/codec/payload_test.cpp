@@ -626,7 +626,7 @@ TEST_CASE("errors: stale transitions and foreign registries") {
   bytes_t foreign = good;
   put(foreign, 16, registry().fingerprint() + 1, 8);
   reseal(foreign);
-  CHECK(decode_code(foreign) == errc::unknown_tensor);
+  CHECK(decode_code(foreign) == errc::registry_mismatch);
 }
 
 TEST_CASE("errors: item entries checked against the registry and the format") {

@@ -80,7 +80,8 @@ class aligned_scratch {
 /// encoding), deduplicated by payload id (dcr::payload_ledger), and, for xor items, storage
 /// holds the committed bits those masks were made from. The registry and loader must outlive
 /// the applier; the loader must not change its placement between prewarm() and the commit of
-/// the transition (call prewarm() again if it does).
+/// the transition (call prewarm() again if it does). Not thread-safe: an applier owns one
+/// scratch and one set of sinks, so each apply thread of a receiver needs its own.
 template <class Loader>
   requires loader<Loader>
 class item_applier {

@@ -126,8 +126,7 @@ inline void join_byte_planes(const std::byte* planes, std::size_t n, std::byte* 
   for (std::size_t i = 0; i < n; ++i) {
     W w = 0;
     for (std::size_t k = 0; k < sizeof(W); ++k)
-      w = static_cast<W>(w | static_cast<W>(std::to_integer<unsigned>(planes[k * n + i]))
-                                 << (8 * k));
+      w = static_cast<W>(w | std::to_integer<W>(planes[k * n + i]) << (8 * k));
     std::memcpy(words + i * sizeof(W), &w, sizeof(W));
   }
 }
@@ -397,7 +396,7 @@ class payload_decoder {
 
   /// Validates all of `bytes` as a payload for `registry` before returning anything: read_table's
   /// checks; if `expect` is given, base version, target version and attempt equal to it
-  /// (stale_payload); registry fingerprint (unknown_tensor); per entry, tensor id in the registry
+  /// (stale_payload); registry fingerprint (registry_mismatch); per entry, tensor id in the registry
   /// (unknown_tensor), dtype equal to the registry's (dtype_mismatch), encoding and codings known
   /// to format version 1 (unsupported_version), numel equal to the registry's (shape_mismatch),
   /// count <= numel (overflow), raw sizes consistent with count (corrupt_payload), each stream one
@@ -424,7 +423,7 @@ class payload_decoder {
                       std::to_string(expect->target_version) + " attempt " +
                       std::to_string(expect->attempt));
     }
-    DCR_EXPECTS(header.registry_fingerprint == registry.fingerprint(), errc::unknown_tensor,
+    DCR_EXPECTS(header.registry_fingerprint == registry.fingerprint(), errc::registry_mismatch,
                 "payload: registry fingerprint differs from the receiver's (built for another "
                 "model)");
 

@@ -6,6 +6,7 @@
 // changes. The per-element predicate `bits_differ` is shared with the CUDA kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "dcr/config.hpp"
+#include "dcr/detail/detect_simd.hpp"
 #include "dcr/dtype.hpp"
 #include "dcr/error.hpp"
 
@@ -26,55 +28,38 @@ struct bits_differ {
   }
 };
 
-namespace detail {
-
-/// Bit k set when words k of the two 64-byte blocks differ (64 / sizeof(W) words per block).
-template <storage_word W>
-DCR_FORCE_INLINE std::uint64_t block_diff_mask(const W* a, const W* b) noexcept {
-  constexpr std::size_t n = 64 / sizeof(W);
-  std::uint64_t mask = 0;
-  for (std::size_t k = 0; k < n; ++k) mask |= static_cast<std::uint64_t>(a[k] != b[k]) << k;
-  return mask;
-}
-
-/// True when the 64-byte blocks differ anywhere (vectorizes to a few wide compares).
-DCR_FORCE_INLINE bool block_differs(const std::byte* a, const std::byte* b) noexcept {
-  std::uint64_t x[8], y[8];
-  std::memcpy(x, a, 64);
-  std::memcpy(y, b, 64);
-  std::uint64_t acc = 0;
-  for (int k = 0; k < 8; ++k) acc |= x[k] ^ y[k];
-  return acc != 0;
-}
-
-}  // namespace detail
-
 /// Appends to `changed`, in increasing order, `first_index + j` for every j where the stored
 /// words tracker[j] and candidate[j] differ. Both spans must have the same length. Returns the
-/// number of indices appended. Runs near memory bandwidth on one core: unchanged 64-byte blocks
-/// cost one wide compare; only blocks with a change are scanned word by word.
+/// number of indices appended. Runs near memory bandwidth on one core: each 64-byte block costs
+/// one or two SIMD compares (AVX-512 or AVX2, chosen at run time; a portable loop elsewhere),
+/// and changed words are compacted as 16-bit offsets in a small on-stack buffer, then widened,
+/// so `changed` grows only by what is found.
 template <storage_word W>
 std::size_t detect_changes(std::span<const W> tracker, std::span<const W> candidate,
                            std::vector<std::uint64_t>& changed, std::uint64_t first_index = 0) {
   DCR_EXPECTS(tracker.size() == candidate.size(), errc::shape_mismatch,
               "detect_changes: tracker and candidate differ in length");
   constexpr std::size_t per_block = 64 / sizeof(W);
+  constexpr std::size_t chunk = detail::detect_chunk_words;
+  static_assert(chunk % per_block == 0);
   const std::size_t n = tracker.size();
   const std::size_t before = changed.size();
   const W* a = tracker.data();
   const W* b = candidate.data();
-  std::size_t j = 0;
-  for (; j + per_block <= n; j += per_block) {
-    if (!detail::block_differs(reinterpret_cast<const std::byte*>(a + j),
-                               reinterpret_cast<const std::byte*>(b + j)))
-      continue;
-    std::uint64_t mask = detail::block_diff_mask(a + j, b + j);
-    while (mask != 0) {
-      changed.push_back(first_index + j + static_cast<std::uint64_t>(__builtin_ctzll(mask)));
-      mask &= mask - 1;
-    }
+  const auto loop = detail::best_detect_loop<W>();
+  std::uint16_t offsets[chunk + detail::detect_out_slack];
+  const std::size_t whole = n / per_block * per_block;
+  for (std::size_t j = 0; j < whole; j += chunk) {
+    const std::size_t len = std::min(chunk, whole - j);
+    const std::size_t k = loop(a + j, b + j, len, offsets);
+    if (k == 0) continue;
+    const std::size_t at = changed.size();
+    changed.resize(at + k);
+    std::uint64_t* out = changed.data() + at;
+    const std::uint64_t base = first_index + j;
+    for (std::size_t q = 0; q < k; ++q) out[q] = base + offsets[q];
   }
-  for (; j < n; ++j)
+  for (std::size_t j = whole; j < n; ++j)
     if (bits_differ{}(a[j], b[j])) changed.push_back(first_index + j);
   return changed.size() - before;
 }

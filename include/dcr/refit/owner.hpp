@@ -198,33 +198,50 @@ class owner {
     return {reinterpret_cast<const W*>(bytes.data()), bytes.size() / sizeof(W)};
   }
 
+  // Projects task i's changed local indices to canonical coordinates and appends (index, old,
+  // new) records to the buffers of the target tensors. Sized once per part (a counting pass for
+  // multi-part mappings), then filled with typed word copies: no per-record allocation.
   void project(std::size_t i, std::span<const std::byte> candidate) {
     const auto& task = tasks_[i];
     const auto& changed = changed_[i];
     if (changed.empty()) return;
     const std::size_t wb = dtype_size(task.type);
-    const std::byte* old_base = trackers_[i].data();
-    const std::byte* new_base = candidate.data();
     std::visit(
         [&](const auto& m) {
-          // Slots of this task's parts, resolved once per task, not per element.
-          std::vector<record_buffer*> part_records(task.targets.size());
+          part_records_.assign(task.targets.size(), nullptr);
+          part_fill_.assign(task.targets.size(), 0);
           for (std::size_t p = 0; p < task.targets.size(); ++p) {
             auto* r = &records_[slot_of_.at(task.targets[p])];
             r->word_bytes = wb;
             r->delta_encodable = r->delta_encodable && task.delta_encodable;
-            part_records[p] = r;
+            part_records_[p] = r;
           }
-          for (auto j : changed) {
-            const mapped_index d = m(j);
-            record_buffer& r = *part_records[d.part];
-            r.indices.push_back(d.index);
-            const std::size_t at = r.old_bytes.size();
-            r.old_bytes.resize(at + wb);
-            r.new_bytes.resize(at + wb);
-            std::memcpy(r.old_bytes.data() + at, old_base + j * wb, wb);
-            std::memcpy(r.new_bytes.data() + at, new_base + j * wb, wb);
+          if (task.targets.size() == 1) {
+            part_fill_[0] = changed.size();
+          } else {
+            for (auto j : changed) ++part_fill_[m(j).part];
           }
+          for (std::size_t p = 0; p < task.targets.size(); ++p) {
+            record_buffer& r = *part_records_[p];
+            const std::size_t at = r.indices.size();
+            r.indices.resize(at + part_fill_[p]);
+            r.old_bytes.resize((at + part_fill_[p]) * wb);
+            r.new_bytes.resize((at + part_fill_[p]) * wb);
+            part_fill_[p] = at;  // now the next free slot
+          }
+          visit_word(wb, [&](auto w) {
+            using W = decltype(w);
+            const W* old_words = reinterpret_cast<const W*>(trackers_[i].data());
+            const W* new_words = reinterpret_cast<const W*>(candidate.data());
+            for (auto j : changed) {
+              const mapped_index d = m(j);
+              record_buffer& r = *part_records_[d.part];
+              const std::size_t at = part_fill_[d.part]++;
+              r.indices[at] = d.index;
+              reinterpret_cast<W*>(r.old_bytes.data())[at] = old_words[j];
+              reinterpret_cast<W*>(r.new_bytes.data())[at] = new_words[j];
+            }
+          });
         },
         task.mapping);
   }
@@ -248,6 +265,8 @@ class owner {
   std::vector<tensor_id> targets_;                    // distinct targets, first-seen order
   std::unordered_map<tensor_id, std::uint32_t> slot_of_;
   std::vector<record_buffer> records_;
+  std::vector<record_buffer*> part_records_;  // project(): part -> record buffer
+  std::vector<std::size_t> part_fill_;        // project(): part -> records / next slot
   std::vector<item> items_;
   owner_stats stats_;
   bool initialized_ = false;

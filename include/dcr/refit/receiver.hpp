@@ -86,15 +86,15 @@ class receiver final : public receiver_endpoint {
   apply_outcome apply_payload(std::span<const std::byte> bytes) override {
     DCR_EXPECTS(has_attempt_, errc::not_ready, "receiver: payload before begin_attempt");
     const auto t0 = clock::now();
-    // The header alone identifies a duplicate; a duplicate costs no decode and no write.
-    const payload_header peeked = payload_decoder::peek_header(bytes);
-    if (attempt_of(peeked.id) == current_ && ledger_.seen(peeked.id)) {
-      ++stats_.duplicates_dropped;
-      return apply_outcome::duplicate;
-    }
+    // Validate everything (checksum included) before trusting the id: a header damaged into a
+    // seen id must be reported as corrupt, not silently dropped as a duplicate.
     const transition_filter expect{current_.base_version, current_.target_version,
                                    current_.attempt};
     const payload_header header = decoder_.decode(bytes, *registry_, items_, &expect);
+    if (ledger_.seen(header.id)) {
+      ++stats_.duplicates_dropped;
+      return apply_outcome::duplicate;
+    }
     const auto t1 = clock::now();
     const apply_stats s = applier_.apply(items_);
     ledger_.mark(header.id);

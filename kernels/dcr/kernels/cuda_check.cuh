@@ -2,9 +2,9 @@
 // boundary (nvcc only).
 //
 // `DCR_CUDA_TRY(call)` evaluates a CUDA runtime call once and throws when it does not return
-// cudaSuccess. The exception is a std::runtime_error naming the error, the call, and where it was
-// made. (It becomes a dcr::error once dcr::errc has a code for device failures.) Device code never
-// throws: kernels report through their outputs, launchers check with DCR_CUDA_TRY.
+// cudaSuccess. The exception is a dcr::error with code errc::device_error naming the error, the
+// call, and where it was made. Device code never throws: kernels report through their outputs,
+// launchers check with DCR_CUDA_TRY.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -13,8 +13,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include <stdexcept>
 #include <string>
+
+#include "dcr/error.hpp"
 
 namespace dcr::kernels::detail {
 
@@ -23,14 +24,16 @@ namespace dcr::kernels::detail {
 [[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* call, const char* file,
                                           int line) {
   (void)cudaGetLastError();
-  throw std::runtime_error(std::string("dcr: CUDA error ") + cudaGetErrorName(status) + " (" +
-                           cudaGetErrorString(status) + ") in `" + call + "` at " + file + ":" +
-                           std::to_string(line));
+  throw ::dcr::error(::dcr::errc::device_error,
+                     std::string("dcr: CUDA error ") + cudaGetErrorName(status) + " (" +
+                         cudaGetErrorString(status) + ") in `" + call + "` at " + file + ":" +
+                         std::to_string(line));
 }
 
 }  // namespace dcr::kernels::detail
 
-/// Evaluates the CUDA runtime call `call` and throws std::runtime_error unless it succeeded.
+/// Evaluates the CUDA runtime call `call` and throws dcr::error(errc::device_error) unless it
+/// succeeded.
 #define DCR_CUDA_TRY(call)                                                                  \
   do {                                                                                      \
     const cudaError_t dcr_cuda_status_ = (call);                                            \

@@ -108,7 +108,7 @@ std::size_t detect_workspace_bytes(std::size_t n, cudaStream_t stream = nullptr)
 /// `workspace` (device memory) holds at least detect_workspace_bytes<W>(n) bytes.
 ///
 /// Throws dcr::error(shape_mismatch) if n differs from the mapping's local size,
-/// dcr::error(invalid_argument) for a missing or too small workspace, and std::runtime_error
+/// dcr::error(invalid_argument) for a missing or too small workspace, and dcr::error(device_error)
 /// for a CUDA failure.
 template <storage_word W, index_mapping M>
 void detect_and_project_async(const W* tracker, const W* candidate, std::size_t n, M mapping,
