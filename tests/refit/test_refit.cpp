@@ -86,7 +86,7 @@ dcr::sim::deployment_options small_options(dcr::dtype type = dcr::dtype::bf16) {
 }  // namespace
 
 TEST_CASE("delta refit equals dense refit across layouts, dtypes, change rates and specials") {
-  const int seeds = seeds_from_env(200);
+  const int seeds = seeds_from_env(500);
   const int tps[] = {1, 2, 4, 8};
   const dcr::dtype types[] = {dcr::dtype::bf16, dcr::dtype::f16, dcr::dtype::f32};
   const double rates[] = {0.0, 0.001, 0.01, 1.0, 0.01};
