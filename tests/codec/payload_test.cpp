@@ -389,8 +389,8 @@ TEST_CASE("payload: xor items applied to the old tensor give the new tensor bit 
     const auto w = got[0].words<std::uint16_t>();
     for (std::size_t j = 0; j < got[0].count(); ++j) {
       auto& r = resident[got[0].indices[j]];
-      r = enc == encoding::xor_mask ? dcr::apply_xor<std::uint16_t>{}(r, w[j])
-                                    : dcr::apply_overwrite<std::uint16_t>{}(r, w[j]);
+      r = enc == encoding::xor_mask ? dcr::xor_encoding::apply<std::uint16_t>(r, w[j])
+                                    : dcr::overwrite_encoding::apply<std::uint16_t>(r, w[j]);
     }
     CHECK(resident == new_t);
   }

@@ -11,26 +11,25 @@
 
 namespace {
 
-using dcr::apply_overwrite;
-using dcr::apply_xor;
-using dcr::xor_encode;
+using dcr::overwrite_encoding;
+using dcr::xor_encoding;
 
 // Compile-time: the functors are constexpr, so device and host share one definition.
-static_assert(apply_xor<std::uint16_t>{}(0x3f80, xor_encode<std::uint16_t>{}(0x3f80, 0xbf80)) ==
+static_assert(xor_encoding::apply<std::uint16_t>(0x3f80, xor_encoding::encode<std::uint16_t>(0x3f80, 0xbf80)) ==
               0xbf80);
-static_assert(apply_overwrite<std::uint8_t>{}(0x12, 0x34) == 0x34);
-static_assert(xor_encode<std::uint64_t>{}(~0ull, 0) == ~0ull);
+static_assert(overwrite_encoding::apply<std::uint8_t>(0x12, 0x34) == 0x34);
+static_assert(xor_encoding::encode<std::uint64_t>(~0ull, 0) == ~0ull);
 
 template <class W>
 void check_pairs(const std::vector<W>& patterns) {
   for (W old_bits : patterns) {
     for (W new_bits : patterns) {
-      const W mask = xor_encode<W>{}(old_bits, new_bits);
-      CHECK(apply_xor<W>{}(old_bits, mask) == new_bits);
-      CHECK(apply_xor<W>{}(apply_xor<W>{}(old_bits, mask), mask) == old_bits);  // twice restores
+      const W mask = xor_encoding::encode<W>(old_bits, new_bits);
+      CHECK(xor_encoding::apply<W>(old_bits, mask) == new_bits);
+      CHECK(xor_encoding::apply<W>(xor_encoding::apply<W>(old_bits, mask), mask) == old_bits);  // twice restores
       CHECK((mask == 0) == (old_bits == new_bits));  // bitwise, so -0 != +0 and NaN == same NaN
-      CHECK(apply_overwrite<W>{}(old_bits, new_bits) == new_bits);
-      CHECK(apply_overwrite<W>{}(apply_overwrite<W>{}(old_bits, new_bits), new_bits) == new_bits);
+      CHECK(overwrite_encoding::apply<W>(old_bits, new_bits) == new_bits);
+      CHECK(overwrite_encoding::apply<W>(overwrite_encoding::apply<W>(old_bits, new_bits), new_bits) == new_bits);
     }
   }
 }
@@ -41,10 +40,10 @@ void check_random(std::uint64_t seed) {
   for (int i = 0; i < 20000; ++i) {
     const W a = static_cast<W>(rng());
     const W b = static_cast<W>(rng());
-    const W mask = xor_encode<W>{}(a, b);
-    REQUIRE(apply_xor<W>{}(a, mask) == b);
-    REQUIRE(apply_xor<W>{}(b, mask) == a);
-    REQUIRE(apply_overwrite<W>{}(a, b) == b);
+    const W mask = xor_encoding::encode<W>(a, b);
+    REQUIRE(xor_encoding::apply<W>(a, mask) == b);
+    REQUIRE(xor_encoding::apply<W>(b, mask) == a);
+    REQUIRE(overwrite_encoding::apply<W>(a, b) == b);
   }
 }
 
@@ -94,8 +93,8 @@ TEST_CASE("make_item: applying the item to the old words gives the new words") {
     const auto w = it.words<std::uint16_t>();
     for (std::size_t i = 0; i < idx.size(); ++i) {
       const std::uint16_t got = enc == dcr::encoding::xor_mask
-                                    ? apply_xor<std::uint16_t>{}(old_bits[i], w[i])
-                                    : apply_overwrite<std::uint16_t>{}(old_bits[i], w[i]);
+                                    ? xor_encoding::apply<std::uint16_t>(old_bits[i], w[i])
+                                    : overwrite_encoding::apply<std::uint16_t>(old_bits[i], w[i]);
       CHECK(got == new_bits[i]);
     }
   }

@@ -198,8 +198,7 @@ class item_applier {
                     std::string(dtype_name(t.type)));
     DCR_EXPECTS(it.values.size() == it.count() * it.word_bytes(), errc::invalid_argument,
                 where() + "value bytes do not match the record count");
-    DCR_EXPECTS(it.enc == encoding::overwrite || it.enc == encoding::xor_mask,
-                errc::unsupported_version,
+    DCR_EXPECTS(is_supported_encoding(it.enc), errc::unsupported_version,
                 where() + "encoding " + std::to_string(static_cast<int>(it.enc)) +
                     " is not supported by the apply path");
     const auto numel = static_cast<std::uint64_t>(t.numel());

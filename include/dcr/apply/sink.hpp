@@ -242,7 +242,8 @@ enum class delta_pass : std::uint8_t { check, write };
 ///
 /// begin() binds the item: the canonical tensor, the base of the scratch view the loader is
 /// handed (contiguous row-major of the canonical shape, so scratch offset == canonical flat
-/// index), the item's sorted active indices, its values and encoding (overwrite or xor_mask).
+/// index), the item's sorted active indices, its values and encoding (any supported one; the
+/// per-element rule comes from the encoding's policy type in dcr/codec/values.hpp).
 /// For each copy(dst, src) the sink
 ///   1. rejects (errc::unsupported_loader_path, naming the tensor) a src that is not a
 ///      non-overlapping strided view lying inside the bound scratch tensor;
@@ -252,9 +253,9 @@ enum class delta_pass : std::uint8_t { check, write };
 /// Cost per copy: O(log active + active_in_window * rank); views are never scanned.
 /// Elements without a record are never written.
 ///
-/// xor items: a canonical element may be replicated into several different destinations, but
-/// the same destination element must not be written twice (the second xor would undo the
-/// first). When the loader issues more than one copy, or a dst view that may overlap itself,
+/// Non-idempotent items (xor): a canonical element may be replicated into several different
+/// destinations, but the same destination element must not be written twice (a second xor
+/// would undo the first). When the loader issues more than one copy, or a dst view that may overlap itself,
 /// the check pass collects every written destination address and finish() rejects repeats
 /// (a sort of the item's writes, in a buffer reused across items).
 /// Overwrite items may write a destination more than once (last write wins, as in the dense
@@ -266,13 +267,12 @@ class delta_sink {
   using word_type = W;
 
   /// Binds one item for one load(). `active` must be sorted strictly increasing and `values`
-  /// hold one word per active index (the caller validates items). Only overwrite and xor_mask
-  /// are applied by this sink. The spans and `t` must stay alive until finish().
+  /// hold one word per active index (the caller validates items). Throws unsupported_version
+  /// for an encoding this build does not implement. The spans and `t` must stay alive until
+  /// finish().
   void begin(const canonical_tensor& t, const W* scratch, std::span<const std::uint64_t> active,
              std::span<const W> values, encoding enc, delta_pass pass) {
-    // ulp is not in payload format version 1; its apply functor belongs in codec/values.hpp.
-    DCR_EXPECTS(enc == encoding::overwrite || enc == encoding::xor_mask,
-                errc::unsupported_version,
+    DCR_EXPECTS(is_supported_encoding(enc), errc::unsupported_version,
                 "dcr apply: tensor '" + t.name + "': encoding " +
                     std::to_string(static_cast<int>(enc)) + " is not applied by delta_sink");
     DCR_EXPECTS(values.size() == active.size(), errc::invalid_argument,
@@ -283,6 +283,7 @@ class delta_sink {
     active_ = active;
     values_ = values;
     enc_ = enc;
+    idempotent_ = visit_encoding(enc, [](auto e) { return decltype(e)::idempotent; });
     pass_ = pass;
     recording_ = false;
     has_first_ = false;
@@ -320,10 +321,11 @@ class delta_sink {
     const std::size_t k_end = static_cast<std::size_t>(hi - active_.begin());
     if (pass_ == delta_pass::check) {
       check_range(dst, inv, first, k_begin, k_end);
-    } else if (enc_ == encoding::xor_mask) {
-      write_range(dst, inv, first, k_begin, k_end, apply_xor<W>{});
     } else {
-      write_range(dst, inv, first, k_begin, k_end, apply_overwrite<W>{});
+      visit_encoding(enc_, [&](auto e) {
+        using E = decltype(e);
+        write_range(dst, inv, first, k_begin, k_end, [](W r, W v) { return E::apply(r, v); });
+      });
     }
   }
 
@@ -355,7 +357,7 @@ class delta_sink {
   // possibly self-overlapping dst) makes the exact check necessary.
   void check_range(const tensor_view<W>& dst, const detail::view_inverse& inv, std::int64_t first,
                    std::size_t k_begin, std::size_t k_end) {
-    if (enc_ == encoding::xor_mask && !recording_) {
+    if (!idempotent_ && !recording_) {
       if (current_.copies == 1 && detail::is_non_overlapping(dst)) {
         first_copy_ = pending_copy{inv, dst.data(), first, k_begin, k_end};
         has_first_ = true;
@@ -399,6 +401,7 @@ class delta_sink {
   std::span<const std::uint64_t> active_;
   std::span<const W> values_;
   encoding enc_ = encoding::overwrite;
+  bool idempotent_ = true;  // a non-idempotent encoding must not write one destination twice
   delta_pass pass_ = delta_pass::check;
   // Check pass of xor items: the destination addresses written, once recording is needed.
   struct pending_copy {

@@ -26,6 +26,7 @@
 
 #include "dcr/canonical.hpp"
 #include "dcr/codec/item.hpp"
+#include "dcr/codec/values.hpp"
 #include "dcr/detail/varint.hpp"
 #include "dcr/detail/zstd.hpp"
 #include "dcr/dtype.hpp"
@@ -198,8 +199,7 @@ class payload_encoder {
       DCR_EXPECTS(it.type == t.type, errc::dtype_mismatch,
                   where() + ": dtype " + std::string(dtype_name(it.type)) + ", registry has " +
                       std::string(dtype_name(t.type)));
-      DCR_EXPECTS(it.enc == encoding::overwrite || it.enc == encoding::xor_mask,
-                  errc::invalid_argument,
+      DCR_EXPECTS(is_supported_encoding(it.enc), errc::invalid_argument,
                   where() + ": encoding " + std::to_string(static_cast<int>(it.enc)) +
                       " is not in format version 1");
       DCR_EXPECTS(it.values.size() == it.count() * it.word_bytes(), errc::invalid_argument,
@@ -441,8 +441,7 @@ class payload_decoder {
                   where() + ": dtype code " + std::to_string(e.dtype_code) + ", registry has " +
                       std::string(dtype_name(t.type)));
       DCR_EXPECTS(
-          e.encoding_code == static_cast<std::uint8_t>(encoding::overwrite) ||
-              e.encoding_code == static_cast<std::uint8_t>(encoding::xor_mask),
+          e.encoding_code < 0x80 && is_supported_encoding(static_cast<encoding>(e.encoding_code)),
           errc::unsupported_version,
           where() + ": encoding " + std::to_string(e.encoding_code) + " not in format version 1");
       DCR_EXPECTS(e.location_code == static_cast<std::uint8_t>(location_coding::skip_varint),

@@ -7,11 +7,13 @@
 // payloads, infinities and subnormals round-trip exactly.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "dcr/codec/item.hpp"
 #include "dcr/config.hpp"
@@ -20,31 +22,88 @@
 
 namespace dcr {
 
-/// xor encoding, owner side: the mask old ^ new. Zero exactly where the bits did not change.
-template <storage_word W>
-struct xor_encode {
-  DCR_HOST_DEVICE constexpr W operator()(W old_bits, W new_bits) const noexcept {
-    return static_cast<W>(old_bits ^ new_bits);
-  }
-};
+/// Opt-in tag: a value encoding declares `using encoding_concept = dcr::value_encoding_tag;`.
+struct value_encoding_tag {};
 
-/// xor encoding, receiver side: resident ^ mask. Gives the new bits exactly when resident equals
-/// the old bits the mask was made from; applying the same mask twice restores the resident bits
-/// (which is why a payload must never be applied twice).
-template <storage_word W>
-struct apply_xor {
-  DCR_HOST_DEVICE constexpr W operator()(W resident, W mask) const noexcept {
-    return static_cast<W>(resident ^ mask);
-  }
-};
+/// A value encoding: a compile-time policy type with the per-element rule for both sides.
+///   E::id                      the dcr::encoding it implements (its payload code)
+///   E::idempotent              applying a value twice gives the same bits as once
+///   E::needs_committed_bits    apply is exact only if resident bits equal the committed bits
+///                              the value was made from (and the loader path preserves bits)
+///   E::encode(old, new)        the value an owner sends for one changed element
+///   E::apply(resident, value)  the bits a receiver writes
+/// Both functions are constexpr and DCR_HOST_DEVICE, integer-only on stored words: the CPU
+/// encoder, the apply sinks and the CUDA kernels share this one definition.
+template <class E>
+concept value_encoding =
+    std::same_as<typename E::encoding_concept, value_encoding_tag> &&
+    std::same_as<std::remove_cv_t<decltype(E::id)>, encoding> &&
+    std::same_as<std::remove_cv_t<decltype(E::idempotent)>, bool> &&
+    std::same_as<std::remove_cv_t<decltype(E::needs_committed_bits)>, bool> &&
+    requires(std::uint16_t a, std::uint32_t b) {
+      { E::encode(a, a) } -> std::same_as<std::uint16_t>;
+      { E::apply(a, a) } -> std::same_as<std::uint16_t>;
+      { E::encode(b, b) } -> std::same_as<std::uint32_t>;
+      { E::apply(b, b) } -> std::same_as<std::uint32_t>;
+    };
 
-/// overwrite encoding, receiver side: the new bits, whatever was resident. Idempotent.
-template <storage_word W>
-struct apply_overwrite {
-  DCR_HOST_DEVICE constexpr W operator()(W /*resident*/, W new_bits) const noexcept {
+/// overwrite: the value is the new bits, whatever was resident. Idempotent, always exact, the
+/// only encoding a retry or a dense restore uses.
+struct overwrite_encoding {
+  using encoding_concept = value_encoding_tag;
+  static constexpr encoding id = encoding::overwrite;
+  static constexpr bool idempotent = true;
+  static constexpr bool needs_committed_bits = false;
+  template <storage_word W>
+  DCR_HOST_DEVICE static constexpr W encode(W /*old_bits*/, W new_bits) noexcept {
     return new_bits;
   }
+  template <storage_word W>
+  DCR_HOST_DEVICE static constexpr W apply(W /*resident*/, W value) noexcept {
+    return value;
+  }
 };
+
+/// xor_mask: the value is old ^ new, zero exactly where bits did not change (small updates
+/// leave high bits alone, so masks compress well). resident ^ mask gives the new bits exactly
+/// when resident equals the old bits; applying a mask twice restores them, which is why a
+/// payload is never applied twice.
+struct xor_encoding {
+  using encoding_concept = value_encoding_tag;
+  static constexpr encoding id = encoding::xor_mask;
+  static constexpr bool idempotent = false;
+  static constexpr bool needs_committed_bits = true;
+  template <storage_word W>
+  DCR_HOST_DEVICE static constexpr W encode(W old_bits, W new_bits) noexcept {
+    return static_cast<W>(old_bits ^ new_bits);
+  }
+  template <storage_word W>
+  DCR_HOST_DEVICE static constexpr W apply(W resident, W value) noexcept {
+    return static_cast<W>(resident ^ value);
+  }
+};
+
+static_assert(value_encoding<overwrite_encoding>);
+static_assert(value_encoding<xor_encoding>);
+
+/// Whether this build encodes and applies `e` (and the payload format carries it).
+constexpr bool is_supported_encoding(encoding e) noexcept {
+  return e == encoding::overwrite || e == encoding::xor_mask;
+}
+
+/// Calls f(E{}) with the policy type of `e`: the one place a run-time encoding becomes a
+/// compile-time one. Throws dcr::error(errc::unsupported_version) for an encoding this build
+/// does not implement.
+template <class F>
+decltype(auto) visit_encoding(encoding e, F&& f) {
+  switch (e) {
+    case encoding::overwrite: return f(overwrite_encoding{});
+    case encoding::xor_mask: return f(xor_encoding{});
+    default: break;
+  }
+  throw error(errc::unsupported_version,
+              "encoding " + std::to_string(static_cast<int>(e)) + " is not supported by this build");
+}
 
 /// Builds an item of `count = sorted_indices.size()` records for tensor `tensor` of type `type`,
 /// its values in encoding `enc`: old_bits[i] ^ new_bits[i] for xor_mask, new_bits[i] for
@@ -65,7 +124,7 @@ template <storage_word W>
               "make_item: " + std::to_string(sorted_indices.size()) + " indices but " +
                   std::to_string(old_bits.size()) + " old and " + std::to_string(new_bits.size()) +
                   " new words");
-  DCR_EXPECTS(enc == encoding::overwrite || enc == encoding::xor_mask, errc::invalid_argument,
+  DCR_EXPECTS(is_supported_encoding(enc), errc::invalid_argument,
               "make_item: encoding " + std::to_string(static_cast<int>(enc)) +
                   " is not supported (format version 1 has overwrite and xor_mask)");
   for (std::size_t i = 1; i < sorted_indices.size(); ++i)
@@ -79,11 +138,10 @@ template <storage_word W>
   it.indices.assign(sorted_indices.begin(), sorted_indices.end());
   it.values.resize(sorted_indices.size() * sizeof(W));
   auto out = it.words<W>();
-  if (enc == encoding::xor_mask) {
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = xor_encode<W>{}(old_bits[i], new_bits[i]);
-  } else if (!out.empty()) {
-    std::memcpy(out.data(), new_bits.data(), new_bits.size_bytes());
-  }
+  visit_encoding(enc, [&](auto e) {
+    using E = decltype(e);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = E::encode(old_bits[i], new_bits[i]);
+  });
   return it;
 }
 

@@ -105,6 +105,10 @@ transition_report run_transition(const tensor_registry& registry, std::span<owne
               "run_transition: commit record belongs to another model (fingerprint differs)");
   DCR_EXPECTS(options.max_attempts >= 1, errc::invalid_argument,
               "run_transition: max_attempts must be >= 1");
+  DCR_EXPECTS(options.policy != encoding_policy::ulp_only || is_supported_encoding(encoding::ulp),
+              errc::invalid_argument,
+              "run_transition: encoding policy ulp_only needs the ulp encoding, which this build "
+              "does not have");
 
   transition_report report;
   report.base_version = base_version;
