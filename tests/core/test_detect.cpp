@@ -93,14 +93,3 @@ TEST_CASE("detect_changes refuses spans of different length") {
   std::vector<std::uint64_t> out;
   CHECK_THROWS_AS(dcr::detect_changes<std::uint16_t>(a, b, out), dcr::error);
 }
-
-TEST_CASE("gather_words collects the words at changed indices") {
-  const std::vector<std::uint32_t> w{10, 11, 12, 13};
-  const std::vector<std::uint64_t> idx{5, 7};
-  std::vector<std::uint32_t> out(2);
-  dcr::gather_words<std::uint32_t>(w, idx, out, 4);
-  CHECK(out == std::vector<std::uint32_t>{11, 13});
-  const std::vector<std::uint64_t> bad{9};
-  std::vector<std::uint32_t> one(1);
-  CHECK_THROWS_AS(dcr::gather_words<std::uint32_t>(w, bad, one, 4), dcr::error);
-}

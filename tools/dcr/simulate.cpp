@@ -3,9 +3,7 @@
 
 #include <fmt/core.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <optional>
 #include <stdexcept>
 
@@ -49,7 +47,6 @@ struct step_result {
   bool bit_exact = false;
   bool committed = false;
   std::string mismatch;
-  std::uint64_t mutated = 0;
   dcr::transition_report report;
   double verify_seconds = 0;
   double wall_seconds = 0;
@@ -155,7 +152,7 @@ int simulate_main(const std::vector<std::string>& argv) {
     const auto step_start = clock_type::now();
     step_result res;
     res.step = static_cast<std::uint64_t>(step);
-    res.mutated = deployment.trainer().stress_step(rate);
+    deployment.trainer().stress_step(rate);
     dcr::fault_plan faults;
     if (step == fault_step && fault_text != "none") {
       faults = [&](std::uint32_t attempt, std::size_t receiver, std::size_t ordinal) {

@@ -64,17 +64,4 @@ std::size_t detect_changes(std::span<const W> tracker, std::span<const W> candid
   return changed.size() - before;
 }
 
-/// Gathers words[indices[k]] into out[k] (old or new bits of the changed elements).
-template <storage_word W>
-void gather_words(std::span<const W> words, std::span<const std::uint64_t> indices,
-                  std::span<W> out, std::uint64_t first_index = 0) {
-  DCR_EXPECTS(out.size() == indices.size(), errc::shape_mismatch,
-              "gather_words: output size differs from index count");
-  for (std::size_t k = 0; k < indices.size(); ++k) {
-    const std::uint64_t j = indices[k] - first_index;
-    DCR_EXPECTS(j < words.size(), errc::out_of_range, "gather_words: index outside the shard");
-    out[k] = words[j];
-  }
-}
-
 }  // namespace dcr
