@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # install-deps.sh: installs what dcr's build and tests need on Debian 12: the apt packages below
+# (clang and its libFuzzer runtime for the decoder fuzz run, nlohmann-json for safetensors headers)
 # and the Python modules safetensors and numpy (pip). Idempotent: it checks first, so a run with
 # nothing missing touches neither apt nor pip and takes well under a second. Uses sudo only when
 # not run as root.
 set -euo pipefail
 
 packages=(build-essential pkg-config meson ninja-build ccache libzstd-dev libxxhash-dev libfmt-dev
-          doctest-dev libbenchmark-dev libdlpack-dev zstd xdelta3)
+          doctest-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev zstd xdelta3 clang
+          libclang-rt-14-dev)
 
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi

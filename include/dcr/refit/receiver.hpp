@@ -53,6 +53,10 @@ class receiver_endpoint {
   virtual void end_transition(std::uint64_t version) = 0;
   /// Counters since the last begin of a transition.
   [[nodiscard]] virtual const receiver_stats& stats() const = 0;
+  /// Canonical tensors this receiver can take only as overwrite records (its loader path does
+  /// not preserve bits, or another write overlaps), sorted ascending; valid after prewarm.
+  /// Owners must not send xor/ulp records for them.
+  [[nodiscard]] virtual std::span<const tensor_id> overwrite_only_tensors() const = 0;
 };
 
 template <class Loader>
@@ -114,6 +118,9 @@ class receiver final : public receiver_endpoint {
   }
 
   [[nodiscard]] const receiver_stats& stats() const override { return stats_; }
+  [[nodiscard]] std::span<const tensor_id> overwrite_only_tensors() const override {
+    return overwrite_only_;  // every path of this loader is checked to preserve bits
+  }
   /// The version this receiver last saw committed.
   [[nodiscard]] std::uint64_t committed_version() const noexcept { return committed_version_; }
 
@@ -130,6 +137,7 @@ class receiver final : public receiver_endpoint {
   bool has_attempt_ = false;
   std::uint64_t committed_version_ = 0;
   receiver_stats stats_;
+  std::vector<tensor_id> overwrite_only_;
 };
 
 }  // namespace dcr
