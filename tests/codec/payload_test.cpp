@@ -1,5 +1,6 @@
-// Payload codec v1: round trips, the byte layout of docs/format.md (checked against an
-// independent reference writer), determinism, allocation behaviour, and every decoder error.
+// Payload codec v1: round trips in every encoding, location coding and value coding, the byte
+// layout of docs/format.md (checked against an independent reference writer), golden payloads,
+// determinism, staging, allocation behaviour, and every decoder error.
 #include <doctest/doctest.h>
 
 #include <xxhash.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -16,8 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "dcr/codec/choose.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/values.hpp"
+#include "reference.hpp"
 
 // ---- Allocation counting: the codec promises no allocation once warm and no allocation sized by
 // unvalidated fields. Counting is per thread and only while `alloc_probe` is alive.
@@ -225,6 +229,20 @@ ref_entry ref_from_item(const item& it, bool planes) {
   return e;
 }
 
+// The entry of `it` in any codings, through the reference writers of reference.hpp.
+ref_entry ref_from_item(const item& it, dcr::location_coding lc, unsigned lm, dcr::value_coding vc,
+                        unsigned vm) {
+  ref_entry e = ref_from_item(it, true);
+  e.location_code = static_cast<std::uint8_t>(lc);
+  e.value_code = static_cast<std::uint8_t>(vc);
+  e.location_raw = dcr_test::ref_locations(it.indices, lc, lm);
+  dcr::visit_word(it.word_bytes(), [&]<class W>(W) {
+    const auto w = it.words<W>();
+    e.value_raw = dcr_test::ref_values<W>(std::vector<W>(w.begin(), w.end()), vc, vm);
+  });
+  return e;
+}
+
 bytes_t zstd1(const bytes_t& raw) {
   bytes_t f(ZSTD_compressBound(raw.size()));
   const std::size_t n = ZSTD_compress(f.data(), f.size(), raw.data(), raw.size(), 1);
@@ -290,22 +308,30 @@ errc decode_code(const bytes_t& b, const dcr::transition_filter* expect = nullpt
 
 // ======================================================================= round trips
 
-TEST_CASE("payload: round trip for every width, encoding, value coding and index pattern") {
+TEST_CASE("payload: round trip for every width, encoding, coding and index pattern") {
   const char* names[] = {"a.bf16", "b.f16", "c.f32", "d.f8", "e.u8", "f.u64"};
   std::mt19937_64 rng(1234);
   dcr::payload_decoder dec;
   std::vector<item> got;
-  for (bool planes : {true, false}) {
-    for (auto enc : {encoding::overwrite, encoding::xor_mask}) {
+  std::vector<dcr::codec_options> configs = {
+      {.adaptive = false}, {.byte_planes = false, .adaptive = false}, {}, {.exact_choice = true}};
+  for (auto lc : {dcr::location_coding::skip_varint, dcr::location_coding::skip_buckets,
+                  dcr::location_coding::bitmap, dcr::location_coding::runs})
+    for (auto vc : {dcr::value_coding::raw, dcr::value_coding::byte_planes,
+                    dcr::value_coding::zigzag_planes, dcr::value_coding::buckets,
+                    dcr::value_coding::zigzag_buckets})
+      configs.push_back({.location = lc, .value = vc});
+  for (std::size_t k = 0; k < configs.size(); ++k) {
+    for (auto enc : {encoding::overwrite, encoding::xor_mask, encoding::ulp}) {
       for (auto pat :
            {pattern::empty, pattern::first, pattern::last, pattern::dense, pattern::sparse}) {
-        CAPTURE(planes);
+        CAPTURE(k);
         CAPTURE(static_cast<int>(enc));
         CAPTURE(static_cast<int>(pat));
         std::vector<item> items;
         for (const char* n : names) items.push_back(random_item(n, enc, pat, rng));
         std::shuffle(items.begin(), items.end(), rng);  // any item order is allowed
-        const bytes_t payload = encode(items, {.zstd_level = 1, .byte_planes = planes});
+        const bytes_t payload = encode(items, configs[k]);
         CHECK(payload.size() <= dcr::payload_encoder::max_encoded_size(items));
         const dcr::payload_header h = dec.decode(payload, registry(), got);
         CHECK(h.id == make_header().id);
@@ -313,6 +339,47 @@ TEST_CASE("payload: round trip for every width, encoding, value coding and index
         check_same(got, items);
       }
     }
+  }
+}
+
+TEST_CASE("payload: property: random items in random codings round-trip") {
+  std::mt19937_64 rng(2024);
+  const char* names[] = {"a.bf16", "b.f16", "c.f32", "d.f8", "e.u8", "f.u64", "h.huge"};
+  dcr::payload_decoder dec;
+  std::vector<item> got;
+  for (int round = 0; round < 60; ++round) {
+    CAPTURE(round);
+    std::vector<item> items;
+    for (const char* name : names) {
+      if (rng() % 3 == 0) continue;
+      const dcr::tensor_id id = registry().id(name);
+      const auto& t = registry().at(id);
+      const auto numel = static_cast<std::uint64_t>(t.numel());
+      item it;
+      it.tensor = id;
+      it.type = t.type;
+      it.enc = static_cast<encoding>(rng() % 3);
+      // Indices: runs, clusters and gaps of every size, up to the tensor's end.
+      std::uint64_t i = rng() % 4 == 0 ? 0 : rng() % std::min<std::uint64_t>(numel, 1000);
+      const std::size_t want = 1 + rng() % 600;
+      while (i < numel && it.indices.size() < want) {
+        it.indices.push_back(i);
+        const unsigned kind = rng() % 4;
+        i += kind == 0 ? 1 : kind == 1 ? 1 + rng() % 8 : kind == 2 ? 1 + rng() % 300
+                                                                    : 1 + rng() % (numel / 16 + 1);
+      }
+      it.values.resize(it.count() * it.word_bytes());
+      for (auto& b : it.values) b = static_cast<std::byte>(rng() % 5 == 0 ? rng() : rng() % 3);
+      items.push_back(std::move(it));
+    }
+    dcr::codec_options o;
+    if (rng() % 3 == 0) o.location = static_cast<dcr::location_coding>(rng() % 4);
+    if (rng() % 3 == 0) o.value = static_cast<dcr::value_coding>(rng() % 5);
+    o.exact_choice = rng() % 5 == 0;
+    const bytes_t payload = encode(items, o);
+    CHECK(payload.size() <= dcr::payload_encoder::max_encoded_size(items));
+    dec.decode(payload, registry(), got);
+    check_same(got, items);
   }
 }
 
@@ -407,7 +474,90 @@ TEST_CASE("format: the encoder writes exactly the bytes docs/format.md describes
                                random_item("d.f8", encoding::overwrite, pattern::dense, rng)};
     std::vector<ref_entry> ref;
     for (const auto& it : items) ref.push_back(ref_from_item(it, planes));
-    CHECK(encode(items, {.zstd_level = 1, .byte_planes = planes}) == ref_build(make_header(), ref));
+    // Version-1 codings, each stream compressed in one call with level 1's own parameters: the
+    // bytes of the first release.
+    CHECK(encode(items, {.zstd_level = 1, .zstd_hash_log = 0, .byte_planes = planes,
+                         .adaptive = false}) == ref_build(make_header(), ref));
+  }
+}
+
+TEST_CASE("format: every coding's raw stream is the documented bytes") {
+  std::mt19937_64 rng(78);
+  std::vector<item> items = {random_item("f.u64", encoding::xor_mask, pattern::dense, rng),
+                             random_item("a.bf16", encoding::ulp, pattern::sparse, rng),
+                             random_item("d.f8", encoding::overwrite, pattern::dense, rng),
+                             random_item("c.f32", encoding::ulp, pattern::dense, rng)};
+  dcr::payload_decoder dec;
+  std::vector<item> got;
+  for (auto lc : {dcr::location_coding::skip_varint, dcr::location_coding::skip_buckets,
+                  dcr::location_coding::bitmap, dcr::location_coding::runs}) {
+    for (auto vc : {dcr::value_coding::raw, dcr::value_coding::byte_planes,
+                    dcr::value_coding::zigzag_planes, dcr::value_coding::buckets,
+                    dcr::value_coding::zigzag_buckets}) {
+      CAPTURE(static_cast<int>(lc));
+      CAPTURE(static_cast<int>(vc));
+      const bytes_t b = encode(items, {.location = lc, .value = vc});
+      std::vector<dcr::item_entry> table;
+      dcr::payload_decoder::read_table(b, table);
+      REQUIRE(table.size() == items.size());
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        const auto& e = table[i];
+        CHECK(e.value_code == static_cast<std::uint8_t>(vc));
+        // The bucket parameter M is the encoder's choice: read it from the stream's first byte.
+        bytes_t loc(e.location_raw_size), val(e.value_raw_size);
+        REQUIRE(ZSTD_decompress(loc.data(), loc.size(), b.data() + e.location_offset,
+                                e.location_size) == loc.size());
+        REQUIRE(ZSTD_decompress(val.data(), val.size(), b.data() + e.value_offset,
+                                e.value_size) == val.size());
+        const auto lcode = static_cast<dcr::location_coding>(e.location_code);
+        const unsigned lm =
+            lcode == dcr::location_coding::skip_buckets ? std::to_integer<unsigned>(loc[0])
+            : lcode == dcr::location_coding::runs
+                ? std::to_integer<unsigned>(loc[dcr::detail::varint_size(
+                      dcr::detail::count_runs(items[i].indices))])
+                : 0;
+        const unsigned vm = dcr::detail::is_bucket_coding(vc) ? std::to_integer<unsigned>(val[0]) : 0;
+        const ref_entry ref = ref_from_item(items[i], lcode, lm, vc, vm);
+        CHECK(loc == ref.location_raw);
+        CHECK(val == ref.value_raw);
+      }
+      dec.decode(b, registry(), got);
+      check_same(got, items);
+    }
+  }
+}
+
+TEST_CASE("format: payloads of the reference writer decode in every coding and M") {
+  std::mt19937_64 rng(79);
+  const std::vector<item> items = {random_item("b.f16", encoding::ulp, pattern::sparse, rng),
+                                   random_item("f.u64", encoding::xor_mask, pattern::dense, rng),
+                                   random_item("e.u8", encoding::overwrite, pattern::dense, rng),
+                                   random_item("g.empty", encoding::ulp, pattern::empty, rng)};
+  dcr::payload_decoder dec;
+  std::vector<item> got;
+  for (unsigned lc = 0; lc < 4; ++lc) {
+    for (unsigned vc = 0; vc < 5; ++vc) {
+      for (unsigned m = 0; m <= 7; ++m) {
+        std::vector<ref_entry> ref;
+        for (const auto& it : items) {
+          // Bitmap and runs only where they suit (the format allows them anywhere).
+          auto l = static_cast<dcr::location_coding>(lc);
+          if (m > 2 && (l == dcr::location_coding::skip_buckets || l == dcr::location_coding::runs))
+            continue;  // 64-bit skips need M <= 2 in general
+          const unsigned width = 8 * static_cast<unsigned>(it.word_bytes());
+          if (dcr::detail::is_bucket_coding(static_cast<dcr::value_coding>(vc)) &&
+              dcr::detail::bucket_max_width(m) < width)
+            continue;
+          ref.push_back(ref_from_item(it, l, m, static_cast<dcr::value_coding>(vc), m));
+        }
+        if (ref.size() != items.size()) continue;
+        CAPTURE(lc);
+        CAPTURE(vc);
+        CAPTURE(m);
+        dec.decode(ref_build(make_header(), ref), registry(), got);
+        check_same(got, items);
+      }
+    }
   }
 }
 
@@ -423,15 +573,19 @@ TEST_CASE("format: streams are standard zstd frames at the offsets of the item t
   CHECK(e.value_offset == e.location_offset + e.location_size);
   CHECK(e.value_offset + e.value_size + 8 == b.size());
 
-  bytes_t planes(e.value_raw_size);
+  bytes_t values(e.value_raw_size);
   const std::size_t n =
-      ZSTD_decompress(planes.data(), planes.size(), b.data() + e.value_offset, e.value_size);
-  REQUIRE(n == planes.size());
-  CHECK(planes == ref_from_item(items[0], true).value_raw);
+      ZSTD_decompress(values.data(), values.size(), b.data() + e.value_offset, e.value_size);
+  REQUIRE(n == values.size());
   bytes_t locations(e.location_raw_size);
   CHECK(ZSTD_decompress(locations.data(), locations.size(), b.data() + e.location_offset,
                         e.location_size) == locations.size());
-  CHECK(locations == ref_from_item(items[0], true).location_raw);
+  const auto lc = static_cast<dcr::location_coding>(e.location_code);
+  const auto vc = static_cast<dcr::value_coding>(e.value_code);
+  const unsigned lm = lc == dcr::location_coding::skip_buckets ? std::to_integer<unsigned>(locations[0]) : 0;
+  const unsigned vm = dcr::detail::is_bucket_coding(vc) ? std::to_integer<unsigned>(values[0]) : 0;
+  CHECK(values == ref_from_item(items[0], lc, lm, vc, vm).value_raw);
+  CHECK(locations == ref_from_item(items[0], lc, lm, vc, vm).location_raw);
 }
 
 TEST_CASE("format: a golden version-1 payload keeps decoding to the same items") {
@@ -468,38 +622,198 @@ TEST_CASE("format: a golden version-1 payload keeps decoding to the same items")
   check_same(got, want);
 }
 
+TEST_CASE("format: a golden payload in the newer codings keeps decoding to the same items") {
+  // Written by the reference writer of this file (zstd level 1) for make_registry(): b.f16 ulp
+  // {0, 1, 2, 3, 50, 98, 99} in runs (M = 1) with zigzag buckets (M = 2); d.f8 xor {0, 2, 3, 9,
+  // 10, 11, 15} as a bitmap with buckets (M = 1); c.f32 ulp {5, 40} in skip buckets (M = 2) with
+  // zigzag planes; f.u64 xor {39} in skip buckets (M = 0) with buckets (M = 0). docs/format.md
+  // walks through its streams.
+  const char* hex =
+      "44435250010000005000400000000000cb975b7942fad3c029000000000000002a00000000000000030000"
+      "00110000000500000004000000d4010000000000000000000000000000000000000000000001000000020203"
+      "04070000000000000064000000000000001200000000000000090000000000000014000000000000000b0000"
+      "00000000000000000000000000030000000501020307000000000000002c010000000000000b000000000000"
+      "00020000000000000014000000000000000b0000000000000000000000000000000200000003020102020000"
+      "00000000003f000000000000000d000000000000000400000000000000110000000000000008000000000000"
+      "0000000000000000000500000017010103010000000000000028000000000000000c00000000000000030000"
+      "00000000000d000000000000000400000000000000000000000000000028b52ffd20094900000301000a0a03"
+      "0001fe28b52ffd200b5900000202010405203b09d8ff0f28b52ffd20021100000d8e28b52ffd200b59000001"
+      "010e0d030f0802c0ff0128b52ffd20042100000205100228b52ffd2008410000012000000000000028b52ffd"
+      "200319000000060728b52ffd2004210000000d340226212b1c906368da";
+  bytes_t golden;
+  for (const char* p = hex; *p != 0; p += 2)
+    golden.push_back(static_cast<std::byte>(std::stoul(std::string(p, 2), nullptr, 16)));
+  REQUIRE(golden.size() == 468);
+
+  const auto make = [](const char* name, encoding enc, std::vector<std::uint64_t> idx,
+                       std::vector<std::uint64_t> words) {
+    item it;
+    it.tensor = registry().id(name);
+    it.type = registry().at(it.tensor).type;
+    it.enc = enc;
+    it.indices = std::move(idx);
+    it.values.resize(it.count() * it.word_bytes());
+    for (std::size_t i = 0; i < words.size(); ++i)  // little-endian host
+      std::memcpy(it.values.data() + i * it.word_bytes(), &words[i], it.word_bytes());
+    return it;
+  };
+  const std::vector<item> want = {
+      make("b.f16", encoding::ulp, {0, 1, 2, 3, 50, 98, 99},
+           {1, 0xffff, 2, 0xfffd, 0x012c, 0x8000, 5}),
+      make("d.f8", encoding::xor_mask, {0, 2, 3, 9, 10, 11, 15},
+           {0x01, 0x80, 0x7f, 0x03, 0xff, 0x10, 0x02}),
+      make("c.f32", encoding::ulp, {5, 40}, {0xffffffffu, 0x10}),
+      make("f.u64", encoding::xor_mask, {39}, {0x1234})};
+  dcr::payload_decoder dec;
+  std::vector<item> got;
+  CHECK(dec.decode(golden, registry(), got).id == make_header().id);
+  check_same(got, want);
+
+  // The reference writer still writes exactly these bytes (the documented stream contents).
+  const std::vector<ref_entry> ref = {
+      ref_from_item(want[0], dcr::location_coding::runs, 1, dcr::value_coding::zigzag_buckets, 2),
+      ref_from_item(want[1], dcr::location_coding::bitmap, 0, dcr::value_coding::buckets, 1),
+      ref_from_item(want[2], dcr::location_coding::skip_buckets, 2,
+                    dcr::value_coding::zigzag_planes, 0),
+      ref_from_item(want[3], dcr::location_coding::skip_buckets, 0, dcr::value_coding::buckets, 0)};
+  const auto hex_of = [](const bytes_t& b) {
+    std::string h;
+    char buf[3];
+    for (auto x : b) {
+      std::snprintf(buf, sizeof buf, "%02x", std::to_integer<unsigned>(x));
+      h += buf;
+    }
+    return h;
+  };
+  CHECK(hex_of(ref[0].location_raw) == "0301000a0a030001fe");
+  CHECK(hex_of(ref[0].value_raw) == "0202010405203b09d8ff0f");
+  CHECK(hex_of(ref[1].location_raw) == "0d8e");
+  CHECK(hex_of(ref[1].value_raw) == "01010e0d030f0802c0ff01");
+  CHECK(hex_of(ref[2].location_raw) == "02051002");
+  CHECK(hex_of(ref[2].value_raw) == "0120000000000000");
+  CHECK(hex_of(ref[3].location_raw) == "000607");
+  CHECK(hex_of(ref[3].value_raw) == "000d3402");
+}
+
 TEST_CASE("determinism: equal inputs give equal bytes, whatever the encoder has done before") {
   std::mt19937_64 rng(21);
   const std::vector<item> a = {random_item("a.bf16", encoding::xor_mask, pattern::sparse, rng),
-                               random_item("d.f8", encoding::overwrite, pattern::sparse, rng)};
+                               random_item("d.f8", encoding::overwrite, pattern::sparse, rng),
+                               random_item("c.f32", encoding::ulp, pattern::dense, rng)};
   const std::vector<item> other = {random_item("c.f32", encoding::overwrite, pattern::dense, rng)};
+  for (const dcr::codec_options& o :
+       {dcr::codec_options{}, dcr::codec_options{.exact_choice = true},
+        dcr::codec_options{.adaptive = false}}) {
+    dcr::payload_encoder enc(o);
+    bytes_t first, second, third;
+    enc.encode(make_header(), a, registry(), first);
+    enc.encode(make_header(), other, registry(), second);  // warm with something else
+    second.assign(second.size() + 100, std::byte{0xee});   // and leave junk in `out`
+    enc.encode(make_header(), a, registry(), second);
+    dcr::payload_encoder fresh(o);
+    fresh.encode(make_header(), a, registry(), third);
+    CHECK(first == second);
+    CHECK(first == third);
+  }
+}
+
+TEST_CASE("staging: stage on one encoder, finish on another, get encode's bytes") {
+  std::mt19937_64 rng(22);
+  const std::vector<item> a = {random_item("a.bf16", encoding::ulp, pattern::sparse, rng),
+                               random_item("h.huge", encoding::xor_mask, pattern::first, rng),
+                               random_item("d.f8", encoding::overwrite, pattern::dense, rng)};
+  const std::vector<item> b = {random_item("b.f16", encoding::xor_mask, pattern::dense, rng)};
+  for (const dcr::codec_options& o :
+       {dcr::codec_options{}, dcr::codec_options{.exact_choice = true},
+        dcr::codec_options{.adaptive = false}}) {
+    dcr::payload_encoder one(o), stager(o), finisher(o);
+    bytes_t want_a, want_b, got;
+    one.encode(make_header(), a, registry(), want_a);
+    one.encode(make_header(), b, registry(), want_b);
+    dcr::staged_payload sa, sb;
+    stager.stage(make_header(), a, registry(), sa);
+    stager.stage(make_header(), b, registry(), sb);  // staging b leaves sa alone
+    CHECK(sa.item_count() == 3);
+    CHECK(sa.max_encoded_size() >= want_a.size());
+    finisher.finish(sb, got);
+    CHECK(got == want_b);
+    finisher.finish(sa, got);
+    CHECK(got == want_a);
+    finisher.finish(sa, got);  // finish leaves the staged payload unchanged
+    CHECK(got == want_a);
+  }
+  // stage refuses what encode refuses, before touching the staged payload.
   dcr::payload_encoder enc;
-  bytes_t first, second, third;
-  enc.encode(make_header(), a, registry(), first);
-  enc.encode(make_header(), other, registry(), second);  // warm with something else
-  second.assign(second.size() + 100, std::byte{0xee});   // and leave junk in `out`
-  enc.encode(make_header(), a, registry(), second);
-  dcr::payload_encoder fresh;
-  fresh.encode(make_header(), a, registry(), third);
-  CHECK(first == second);
-  CHECK(first == third);
+  dcr::staged_payload s;
+  enc.stage(make_header(), a, registry(), s);
+  item bad = a[0];
+  bad.values.pop_back();
+  const std::vector<item> bads = {bad};
+  CHECK(code_of([&] { enc.stage(make_header(), bads, registry(), s); }) == errc::invalid_argument);
+  bytes_t got, want;
+  dcr::payload_encoder().finish(s, got);
+  dcr::payload_encoder().encode(make_header(), a, registry(), want);
+  CHECK(got == want);
 }
 
 TEST_CASE("workspace: encode and decode allocate nothing once warm") {
   std::mt19937_64 rng(31);
   const std::vector<item> items = {random_item("a.bf16", encoding::xor_mask, pattern::sparse, rng),
                                    random_item("f.u64", encoding::overwrite, pattern::dense, rng),
-                                   random_item("e.u8", encoding::xor_mask, pattern::sparse, rng)};
-  for (bool planes : {true, false}) {
-    dcr::payload_encoder enc({.zstd_level = 1, .byte_planes = planes});
+                                   random_item("e.u8", encoding::xor_mask, pattern::sparse, rng),
+                                   random_item("c.f32", encoding::ulp, pattern::dense, rng),
+                                   random_item("b.f16", encoding::ulp, pattern::dense, rng)};
+  std::vector<dcr::codec_options> configs = {{.adaptive = false},
+                                             {.byte_planes = false, .adaptive = false},
+                                             {},
+                                             {.exact_choice = true}};
+  for (auto lc : {dcr::location_coding::skip_varint, dcr::location_coding::skip_buckets,
+                  dcr::location_coding::bitmap, dcr::location_coding::runs})
+    configs.push_back({.location = lc});
+  for (auto vc : {dcr::value_coding::raw, dcr::value_coding::zigzag_planes,
+                  dcr::value_coding::buckets, dcr::value_coding::zigzag_buckets})
+    configs.push_back({.value = vc});
+  for (std::size_t k = 0; k < configs.size(); ++k) {
+    CAPTURE(k);
+    dcr::payload_encoder enc(configs[k]);
     dcr::payload_decoder dec;
     bytes_t out;
     std::vector<item> got;
-    enc.encode(make_header(), items, registry(), out);
-    dec.decode(out, registry(), got);
+    // Warm: the decoder's vector and the caller's trade places, so both need a payload.
+    for (int warm = 0; warm < 2; ++warm) {
+      enc.encode(make_header(), items, registry(), out);
+      dec.decode(out, registry(), got);
+    }
     alloc_probe probe;
     enc.encode(make_header(), items, registry(), out);
     dec.decode(out, registry(), got);
+    dec.decode(out, registry(), got);
+    CHECK(probe.count() == 0);
+  }
+  // Staging and finishing on separate encoders, once warm.
+  dcr::payload_encoder stager, finisher;
+  dcr::staged_payload staged;
+  bytes_t out;
+  stager.stage(make_header(), items, registry(), staged);
+  finisher.finish(staged, out);
+  alloc_probe probe;
+  stager.stage(make_header(), items, registry(), staged);
+  finisher.finish(staged, out);
+  CHECK(probe.count() == 0);
+}
+
+TEST_CASE("workspace: choose_encoding allocates nothing once warm") {
+  std::mt19937_64 rng(32);
+  std::vector<std::uint16_t> o(5000), n(5000);
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    o[i] = static_cast<std::uint16_t>(rng());
+    n[i] = static_cast<std::uint16_t>(o[i] + rng() % 5);
+  }
+  for (bool exact : {false, true}) {
+    const dcr::codec_options opt{.exact_choice = exact};
+    (void)dcr::choose_encoding<std::uint16_t>(dcr::encoding_policy::mixed, true, o, n, opt);
+    alloc_probe probe;
+    (void)dcr::choose_encoding<std::uint16_t>(dcr::encoding_policy::mixed, true, o, n, opt);
     CHECK(probe.count() == 0);
   }
 }
@@ -526,7 +840,7 @@ TEST_CASE("encoder: contract violations throw before `out` is touched") {
   x.values.pop_back();
   check({x}, errc::invalid_argument);
   x = good;
-  x.enc = encoding::ulp;
+  x.enc = static_cast<encoding>(3);  // no such encoding
   check({x}, errc::invalid_argument);
   x = good;
   x.indices.back() = 100;  // numel of b.f16
@@ -596,6 +910,14 @@ TEST_CASE("errors: header fields") {
   CHECK(decode_code(patched(12, 1ull << 31, 4)) == errc::reserved_bits_set);
   for (std::size_t off = 64; off < 80; ++off)
     CHECK(decode_code(patched(off, 0x01, 1)) == errc::reserved_bits_set);
+  // The same bytes damaged in transit (checksum not recomputed) read as corruption, and so does
+  // an item count that no longer fits: the checksum comes first.
+  for (std::size_t off : {6u, 7u, 12u, 15u, 64u, 79u, 52u, 55u}) {
+    bytes_t damaged = good;
+    damaged[off] ^= std::byte{0x20};
+    CAPTURE(off);
+    CHECK(decode_code(damaged) == errc::corrupt_payload);
+  }
   // Total size: larger is truncation, smaller leaves trailing bytes.
   CHECK(decode_code(patched(56, good.size() + 1, 8)) == errc::truncated_payload);
   CHECK(decode_code(patched(56, good.size() - 1, 8)) == errc::corrupt_payload);
@@ -642,10 +964,13 @@ TEST_CASE("errors: item entries checked against the registry and the format") {
   CHECK(decode_code(build([](ref_entry& e) { e.tensor = 0xffffffffu; })) == errc::unknown_tensor);
   CHECK(decode_code(build([](ref_entry& e) { e.dtype_code = 1; })) == errc::dtype_mismatch);
   CHECK(decode_code(build([](ref_entry& e) { e.dtype_code = 200; })) == errc::dtype_mismatch);
-  CHECK(decode_code(build([](ref_entry& e) { e.encoding_code = 2; })) == errc::unsupported_version);
+  CHECK(decode_code(build([](ref_entry& e) { e.encoding_code = 3; })) == errc::unsupported_version);
   CHECK(decode_code(build([](ref_entry& e) { e.encoding_code = 9; })) == errc::unsupported_version);
-  CHECK(decode_code(build([](ref_entry& e) { e.location_code = 1; })) == errc::unsupported_version);
-  CHECK(decode_code(build([](ref_entry& e) { e.value_code = 2; })) == errc::unsupported_version);
+  CHECK(decode_code(build([](ref_entry& e) { e.location_code = 4; })) == errc::unsupported_version);
+  CHECK(decode_code(build([](ref_entry& e) { e.location_code = 0xff; })) ==
+        errc::unsupported_version);
+  CHECK(decode_code(build([](ref_entry& e) { e.value_code = 5; })) == errc::unsupported_version);
+  CHECK(decode_code(build([](ref_entry& e) { e.value_code = 0x80; })) == errc::unsupported_version);
   CHECK(decode_code(build([](ref_entry& e) { e.numel = 101; })) == errc::shape_mismatch);
   CHECK(decode_code(build([](ref_entry& e) { e.count = 101; })) == errc::overflow);
   // count disagrees with the value stream's size
@@ -769,6 +1094,103 @@ TEST_CASE("errors: locations") {
   }
 }
 
+TEST_CASE("errors: the newer codings are validated before anything is returned") {
+  std::mt19937_64 rng(40);
+  const item it = random_item("b.f16", encoding::ulp, pattern::sparse, rng);  // numel 100
+  const auto build = [&](dcr::location_coding lc, dcr::value_coding vc, auto&& mutate) {
+    std::vector<ref_entry> e = {ref_from_item(it, lc, 2, vc, 3)};
+    mutate(e[0]);
+    return ref_build(make_header(), e);
+  };
+  using L = dcr::location_coding;
+  using V = dcr::value_coding;
+  const auto none = [](ref_entry&) {};
+  // Each coding decodes as written.
+  for (auto lc : {L::skip_varint, L::skip_buckets, L::bitmap, L::runs})
+    for (auto vc : {V::raw, V::byte_planes, V::zigzag_planes, V::buckets, V::zigzag_buckets})
+      CHECK(decode_code(build(lc, vc, none)) == errc::ok);
+
+  // Raw sizes a coding cannot have, refused from the entry before decompressing.
+  CHECK(decode_code(build(L::skip_buckets, V::byte_planes, [](ref_entry& e) {
+          e.location_raw.resize(e.count);  // no room for the header
+        })) == errc::corrupt_payload);
+  CHECK(decode_code(build(L::bitmap, V::byte_planes, [](ref_entry& e) {
+          e.location_raw.resize(14, std::byte{0});  // more than ceil(100 / 8) bytes
+        })) == errc::corrupt_payload);
+  CHECK(decode_code(build(L::skip_buckets, V::buckets, [](ref_entry& e) {
+          e.value_raw.resize(e.count);  // no room for the header
+        })) == errc::corrupt_payload);
+  CHECK(decode_code(build(L::skip_buckets, V::zigzag_planes, [](ref_entry& e) {
+          e.value_raw.push_back(std::byte{0});  // planes are exactly count * 2 bytes
+        })) == errc::corrupt_payload);
+
+  // Field by field, after decompressing.
+  CHECK(decode_code(build(L::skip_buckets, V::byte_planes, [](ref_entry& e) {
+          e.location_raw[0] = std::byte{0x12};  // reserved bucket header bits
+        })) == errc::reserved_bits_set);
+  CHECK(decode_code(build(L::skip_buckets, V::byte_planes, [](ref_entry& e) {
+          e.location_raw.push_back(std::byte{0});  // an extra-bit byte no symbol needs
+        })) == errc::corrupt_payload);
+  CHECK(decode_code(build(L::bitmap, V::byte_planes, [](ref_entry& e) {
+          e.location_raw[0] ^= std::byte{0x02};  // one record more or less than the count
+        })) == errc::corrupt_payload);
+  CHECK(decode_code(build(L::bitmap, V::byte_planes, [&](ref_entry& e) {
+          // Move the last record to element 100 (>= numel 100), in the 13th and last byte.
+          const std::uint64_t last = it.indices.back();
+          e.location_raw[last / 8] &= ~static_cast<std::byte>(1u << (last % 8));
+          e.location_raw.resize(13, std::byte{0});
+          e.location_raw[12] = std::byte{0x10};
+        })) == errc::out_of_range);
+  CHECK(decode_code(build(L::runs, V::byte_planes, [](ref_entry& e) {
+          e.location_raw[0] = static_cast<std::byte>(std::to_integer<unsigned>(e.location_raw[0]) + 1);
+        })) == errc::corrupt_payload);  // a run count the symbols do not match
+  CHECK(decode_code(build(L::skip_buckets, V::zigzag_buckets, [](ref_entry& e) {
+          e.value_raw[0] = std::byte{0x08};  // reserved bucket header bit
+        })) == errc::reserved_bits_set);
+  CHECK(decode_code(build(L::skip_buckets, V::buckets, [](ref_entry& e) {
+          e.value_raw[1] = std::byte{0xff};  // a symbol of a bit length beyond 16
+        })) == errc::corrupt_payload);
+
+  // A failed decode returns nothing: the caller's items are as they were.
+  dcr::payload_decoder dec;
+  std::vector<item> got;
+  dec.decode(encode(small_items()), registry(), got);
+  const std::vector<item> before = got;
+  const bytes_t bad = build(L::bitmap, V::byte_planes, [](ref_entry& e) {
+    e.location_raw[0] ^= std::byte{0x02};
+  });
+  const std::string m = message_of([&] { dec.decode(bad, registry(), got); });
+  CHECK(m.find("item 0") != std::string::npos);
+  CHECK(m.find("'b.f16'") != std::string::npos);
+  CHECK(m.find("location stream at byte 144") != std::string::npos);
+  CHECK(m.find("bits set for") != std::string::npos);
+  check_same(got, before);
+}
+
+TEST_CASE("errors: a hostile bitmap claiming a huge tensor allocates nothing large") {
+  // h.huge has 10^9 elements, so a bitmap may be 125 MB raw: legal, but not from a frame of a
+  // few bytes whose header claims it.
+  ref_entry e;
+  e.tensor = registry().id("h.huge");
+  e.dtype_code = static_cast<std::uint8_t>(dtype::bf16);
+  e.location_code = static_cast<std::uint8_t>(dcr::location_coding::bitmap);
+  e.numel = 1'000'000'000;
+  e.count = 1;
+  bytes_t f(4 + 1 + 8 + 3 + 1);  // single-segment frame header, content size 125e6, RLE block
+  put(f, 0, ZSTD_MAGICNUMBER, 4);
+  put(f, 4, 0xe0, 1);
+  put(f, 5, 125'000'000, 8);
+  put(f, 13, (1u << 3) | (1u << 1) | 1u, 3);
+  e.location_frame = f;
+  e.value_raw.assign(2, std::byte{0});
+  const bytes_t b = ref_build(make_header(), {e});
+  dcr::payload_decoder dec;
+  std::vector<item> got;
+  alloc_probe probe;
+  CHECK(code_of([&] { dec.decode(b, registry(), got); }) == errc::corrupt_payload);
+  CHECK(probe.largest() < (1u << 16));
+}
+
 TEST_CASE("errors: hostile counts on a large tensor allocate nothing large") {
   // h.huge has 10^9 elements: a dense item is legal, so only the frames can expose the lie.
   const auto huge = registry().id("h.huge");
@@ -810,3 +1232,4 @@ TEST_CASE("errors: messages name the item, the tensor and the byte offset") {
   CHECK(m.find("'c.f32'") != std::string::npos);
   CHECK(m.find("byte 144") != std::string::npos);
 }
+

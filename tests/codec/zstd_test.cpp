@@ -69,6 +69,52 @@ TEST_CASE("zstd: levels are checked and change only the size") {
   CHECK(back == src);
 }
 
+TEST_CASE("zstd: forced block starts keep one standard frame and separate the statistics") {
+  // Two sections of different statistics: small symbols, then near-uniform bytes.
+  std::mt19937_64 rng(11);
+  std::vector<std::byte> src(200000);
+  for (std::size_t i = 0; i < 100000; ++i) src[i] = static_cast<std::byte>(rng() % 5);
+  for (std::size_t i = 100000; i < src.size(); ++i) src[i] = static_cast<std::byte>(rng());
+  zstd_compressor c(1);
+  zstd_decompressor d;
+  std::vector<std::size_t> breaks = {100000, 150000, 150001};
+  std::vector<std::byte> frame(dcr::detail::zstd_sections_bound(src.size(), breaks.size()));
+  const std::size_t n = c.compress(src, breaks, frame);
+  frame.resize(n);
+  CHECK(ZSTD_getFrameContentSize(frame.data(), frame.size()) == src.size());
+  CHECK(ZSTD_findFrameCompressedSize(frame.data(), frame.size()) == n);  // exactly one frame
+  std::vector<std::byte> back;
+  d.decompress(frame, src.size(), back);
+  CHECK(back == src);
+  // Without breaks it is the one-call compression.
+  std::vector<std::byte> one(dcr::detail::zstd_compress_bound(src.size())), plain;
+  one.resize(c.compress(src, {}, one));
+  c.compress_append(src, plain);
+  CHECK(one == plain);
+  // Empty sections at the ends are harmless.
+  std::vector<std::byte> tiny(dcr::detail::zstd_sections_bound(3, 1));
+  const std::vector<std::byte> three = {std::byte{1}, std::byte{2}, std::byte{3}};
+  const std::vector<std::size_t> mid = {1};
+  tiny.resize(c.compress(three, mid, tiny));
+  d.decompress(tiny, 3, back);
+  CHECK(back == three);
+}
+
+TEST_CASE("zstd: the hash table size is checked and changes only the size") {
+  CHECK(code_of([] { zstd_compressor c(1, 1); }) == dcr::errc::invalid_argument);
+  CHECK(code_of([] { zstd_compressor c(1, 99); }) == dcr::errc::invalid_argument);
+  const auto src = sample(300000, 5);
+  zstd_compressor small(1, 6), own(1, 0);
+  std::vector<std::byte> a, b, back;
+  small.compress_append(src, a);
+  own.compress_append(src, b);
+  zstd_decompressor d;
+  d.decompress(a, src.size(), back);
+  CHECK(back == src);
+  d.decompress(b, src.size(), back);
+  CHECK(back == src);
+}
+
 TEST_CASE("zstd: anything but one frame of exactly the expected size is corrupt_payload") {
   zstd_compressor c(1);
   zstd_decompressor d;

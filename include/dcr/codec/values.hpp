@@ -83,12 +83,51 @@ struct xor_encoding {
   }
 };
 
+/// The order-preserving key of a sign-magnitude word: key(a) < key(b) (as unsigned integers)
+/// exactly when a orders before b as a sign-magnitude number, with -0 just below +0 and NaNs
+/// beyond the infinities by payload. Negative words (sign bit set) map to their complement, the
+/// others gain the sign bit. A bijection on W, so unkey(key(w)) == w for every bit pattern.
+template <storage_word W>
+DCR_HOST_DEVICE constexpr W order_key(W bits) noexcept {
+  constexpr W sign = static_cast<W>(W{1} << (8 * sizeof(W) - 1));
+  return (bits & sign) != 0 ? static_cast<W>(~bits) : static_cast<W>(bits | sign);
+}
+
+/// The inverse of order_key.
+template <storage_word W>
+DCR_HOST_DEVICE constexpr W order_unkey(W key) noexcept {
+  constexpr W sign = static_cast<W>(W{1} << (8 * sizeof(W) - 1));
+  return (key & sign) != 0 ? static_cast<W>(key ^ sign) : static_cast<W>(~key);
+}
+
+/// ulp: the value is key(new) - key(old) modulo 2^w, with key = order_key. For float dtypes it
+/// is the signed distance in representable values (units in the last place), so a small update
+/// gives a small two's-complement value whatever the exponent; for integer dtypes it is still an
+/// exact bijection, just rarely the smallest encoding. apply(resident, value) =
+/// unkey(key(resident) + value) gives the new bits exactly when resident equals the old bits.
+/// Not idempotent: a value applied twice moves twice as far.
+struct ulp_encoding {
+  using encoding_concept = value_encoding_tag;
+  static constexpr encoding id = encoding::ulp;
+  static constexpr bool idempotent = false;
+  static constexpr bool needs_committed_bits = true;
+  template <storage_word W>
+  DCR_HOST_DEVICE static constexpr W encode(W old_bits, W new_bits) noexcept {
+    return static_cast<W>(order_key<W>(new_bits) - order_key<W>(old_bits));
+  }
+  template <storage_word W>
+  DCR_HOST_DEVICE static constexpr W apply(W resident, W value) noexcept {
+    return order_unkey<W>(static_cast<W>(order_key<W>(resident) + value));
+  }
+};
+
 static_assert(value_encoding<overwrite_encoding>);
 static_assert(value_encoding<xor_encoding>);
+static_assert(value_encoding<ulp_encoding>);
 
 /// Whether this build encodes and applies `e` (and the payload format carries it).
 constexpr bool is_supported_encoding(encoding e) noexcept {
-  return e == encoding::overwrite || e == encoding::xor_mask;
+  return e == encoding::overwrite || e == encoding::xor_mask || e == encoding::ulp;
 }
 
 /// Calls f(E{}) with the policy type of `e`: the one place a run-time encoding becomes a
@@ -99,6 +138,7 @@ decltype(auto) visit_encoding(encoding e, F&& f) {
   switch (e) {
     case encoding::overwrite: return f(overwrite_encoding{});
     case encoding::xor_mask: return f(xor_encoding{});
+    case encoding::ulp: return f(ulp_encoding{});
     default: break;
   }
   throw error(errc::unsupported_version,
@@ -106,12 +146,12 @@ decltype(auto) visit_encoding(encoding e, F&& f) {
 }
 
 /// Builds an item of `count = sorted_indices.size()` records for tensor `tensor` of type `type`,
-/// its values in encoding `enc`: old_bits[i] ^ new_bits[i] for xor_mask, new_bits[i] for
-/// overwrite. `old_bits` and `new_bits` are gathered: entry i is the word of element
-/// sorted_indices[i] (not whole tensors). Throws invalid_argument when W is not the width of
-/// `type`, the three spans differ in length, the indices are not strictly increasing, or `enc`
-/// is ulp (not in format version 1). Checking indices against the tensor's numel is left to the
-/// encoder, which has the registry.
+/// its values in encoding `enc` (E::encode(old_bits[i], new_bits[i]) for the encoding's policy
+/// type E: new bits, xor mask or ulp delta). `old_bits` and `new_bits` are gathered: entry i is
+/// the word of element sorted_indices[i] (not whole tensors). Throws invalid_argument when W is
+/// not the width of `type`, the three spans differ in length, the indices are not strictly
+/// increasing, or `enc` is not a supported encoding. Checking indices against the tensor's numel
+/// is left to the encoder, which has the registry.
 template <storage_word W>
 [[nodiscard]] item make_item(tensor_id tensor, dtype type, encoding enc,
                              std::span<const std::uint64_t> sorted_indices,
@@ -126,7 +166,7 @@ template <storage_word W>
                   " new words");
   DCR_EXPECTS(is_supported_encoding(enc), errc::invalid_argument,
               "make_item: encoding " + std::to_string(static_cast<int>(enc)) +
-                  " is not supported (format version 1 has overwrite and xor_mask)");
+                  " is not supported (overwrite, xor_mask and ulp are)");
   for (std::size_t i = 1; i < sorted_indices.size(); ++i)
     DCR_EXPECTS(sorted_indices[i - 1] < sorted_indices[i], errc::invalid_argument,
                 "make_item: indices not strictly increasing at position " + std::to_string(i));

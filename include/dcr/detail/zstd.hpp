@@ -37,18 +37,34 @@ inline constexpr std::uint64_t zstd_max_expansion = 32768;
   return bound;
 }
 
+/// Room for one frame of `n` bytes compressed with `breaks` forced block starts: the zstd bound
+/// plus a block header (3 bytes) and an empty last block for each extra block.
+[[nodiscard]] inline std::size_t zstd_sections_bound(std::size_t n, std::size_t breaks) {
+  return zstd_compress_bound(n) + 6 * (breaks + 1);
+}
+
 /// Owns a ZSTD_CCtx set to one compression level; movable, not copyable. Not thread-safe: one
 /// per thread.
 class zstd_compressor {
  public:
-  /// A context at `level` (ZSTD_minCLevel()..ZSTD_maxCLevel(); 1 is the codec's default).
-  explicit zstd_compressor(int level = 1) : ctx_(ZSTD_createCCtx()) {
+  /// A context at `level` (ZSTD_minCLevel()..ZSTD_maxCLevel(); 1 is the codec's default) with
+  /// a match-finder hash table of 2^hash_log entries (0: the level's own; else within zstd's
+  /// ZSTD_c_hashLog bounds). invalid_argument for values outside zstd's ranges.
+  explicit zstd_compressor(int level = 1, int hash_log = 0) : ctx_(ZSTD_createCCtx()) {
     if (ctx_ == nullptr) throw std::bad_alloc();
     // Content size in the frame header lets the receiver check sizes before decompressing; the
     // payload's own XXH3 covers integrity, so zstd's 4-byte checksum would be redundant.
     check(ZSTD_CCtx_setParameter(ctx_.get(), ZSTD_c_contentSizeFlag, 1));
     check(ZSTD_CCtx_setParameter(ctx_.get(), ZSTD_c_checksumFlag, 0));
     set_level(level);
+    if (hash_log != 0) {
+      const ZSTD_bounds b = ZSTD_cParam_getBounds(ZSTD_c_hashLog);
+      DCR_EXPECTS(!ZSTD_isError(b.error) && hash_log >= b.lowerBound && hash_log <= b.upperBound,
+                  errc::invalid_argument,
+                  "zstd: hash log " + std::to_string(hash_log) + " outside [" +
+                      std::to_string(b.lowerBound) + ", " + std::to_string(b.upperBound) + "]");
+      check(ZSTD_CCtx_setParameter(ctx_.get(), ZSTD_c_hashLog, hash_log));
+    }
   }
 
   /// Sets the level for later frames; invalid_argument outside zstd's range.
@@ -66,6 +82,35 @@ class zstd_compressor {
   /// zstd_compress_bound(src.size()) bytes, which makes failure impossible short of memory.
   std::size_t compress(std::span<const std::byte> src, std::span<std::byte> dst) {
     return check(ZSTD_compress2(ctx_.get(), dst.data(), dst.size(), src.data(), src.size()));
+  }
+
+  /// Compresses `src` into one frame at the start of `dst`, starting a new zstd block at each
+  /// offset in `breaks` (strictly increasing, each in (0, src.size())), so that sections of
+  /// different statistics get Huffman tables of their own; returns the frame's size. The frame
+  /// is as standard as compress()'s (a decoder sees only blocks); without breaks it is
+  /// compress(). `dst` must hold zstd_sections_bound(src.size(), breaks.size()) bytes.
+  std::size_t compress(std::span<const std::byte> src, std::span<const std::size_t> breaks,
+                       std::span<std::byte> dst) {
+    if (breaks.empty()) return compress(src, dst);
+    check(ZSTD_CCtx_reset(ctx_.get(), ZSTD_reset_session_only));
+    check(ZSTD_CCtx_setPledgedSrcSize(ctx_.get(), src.size()));
+    ZSTD_outBuffer out{dst.data(), dst.size(), 0};
+    std::size_t from = 0;
+    for (std::size_t k = 0; k <= breaks.size(); ++k) {
+      const std::size_t to = k < breaks.size() ? breaks[k] : src.size();
+      ZSTD_inBuffer in{src.data() + from, to - from, 0};
+      const ZSTD_EndDirective mode = k < breaks.size() ? ZSTD_e_flush : ZSTD_e_end;
+      for (;;) {
+        const std::size_t before = out.pos + in.pos;
+        const std::size_t left = check(ZSTD_compressStream2(ctx_.get(), &out, &in, mode));
+        if (left == 0 && in.pos == in.size) break;
+        if (out.pos + in.pos == before || out.pos == out.size) [[unlikely]]
+          throw error(errc::overflow, "zstd compression: output buffer of " +
+                                          std::to_string(dst.size()) + " bytes too small");
+      }
+      from = to;
+    }
+    return out.pos;
   }
 
   /// Appends one frame of `src` to `dst` and returns its size; `dst` grows by the bound first,
