@@ -69,7 +69,7 @@ TEST_CASE("every instruction-set variant of the detection loop agrees with the r
     run(W{}, &dcr::detail::detect_loop_portable<W>);
 #if DCR_DETECT_X86
     if (__builtin_cpu_supports("avx2")) run(W{}, &dcr::detail::detect_loop_avx2<W>);
-    if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi2"))
+    if (dcr::detail::detect_has_avx512())
       run(W{}, &dcr::detail::detect_loop_avx512<W>);
 #endif
   };

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -62,6 +63,94 @@ std::size_t detect_changes(std::span<const W> tracker, std::span<const W> candid
   for (std::size_t j = whole; j < n; ++j)
     if (bits_differ{}(a[j], b[j])) changed.push_back(first_index + j);
   return changed.size() - before;
+}
+
+namespace detail {
+
+// Room for `k` more words at the end of a vector of words or of bytes holding words.
+template <storage_word W>
+W* append_words(std::vector<W>& v, std::size_t k) {
+  const std::size_t at = v.size();
+  v.resize(at + k);
+  return v.data() + at;
+}
+template <storage_word W>
+W* append_words(std::vector<std::byte>& v, std::size_t k) {
+  const std::size_t at = v.size();
+  v.resize(at + k * sizeof(W));
+  return reinterpret_cast<W*>(v.data() + at);
+}
+
+template <storage_word W, class OldWords, class NewWords>
+std::size_t detect_and_gather_into(std::span<const W> tracker, std::span<const W> candidate,
+                                   std::vector<std::uint64_t>& changed, OldWords& old_words,
+                                   NewWords& new_words, std::uint64_t first_index) {
+  DCR_EXPECTS(tracker.size() == candidate.size(), errc::shape_mismatch,
+              "detect_and_gather: tracker and candidate differ in length");
+  constexpr std::size_t per_block = 64 / sizeof(W);
+  // Words per loop call: the staging buffers below stay within about 50 KiB of stack.
+  constexpr std::size_t chunk = sizeof(W) <= 2 ? detect_chunk_words : 16384 / sizeof(W);
+  static_assert(chunk % per_block == 0 && chunk <= detect_chunk_words);
+  const std::size_t n = tracker.size();
+  const std::size_t before = changed.size();
+  const W* a = tracker.data();
+  const W* b = candidate.data();
+  const auto loop = best_gather_loop<W>();
+  std::uint16_t offsets[chunk + detect_out_slack];
+  W old_stage[chunk + gather_out_slack];
+  W new_stage[chunk + gather_out_slack];
+  const auto append = [&](std::size_t k, std::uint64_t base) {
+    const std::size_t at = changed.size();
+    changed.resize(at + k);
+    std::uint64_t* out = changed.data() + at;
+    for (std::size_t q = 0; q < k; ++q) out[q] = base + offsets[q];
+    std::memcpy(append_words<W>(old_words, k), old_stage, k * sizeof(W));
+    std::memcpy(append_words<W>(new_words, k), new_stage, k * sizeof(W));
+  };
+  const std::size_t whole = n / per_block * per_block;
+  for (std::size_t j = 0; j < whole; j += chunk) {
+    const std::size_t len = std::min(chunk, whole - j);
+    const std::size_t k = loop(a + j, b + j, len, offsets, old_stage, new_stage);
+    if (k != 0) append(k, first_index + j);
+  }
+  if (whole < n) {
+    std::size_t t = 0;
+    for (std::size_t j = whole; j < n; ++j)
+      if (bits_differ{}(a[j], b[j])) {
+        offsets[t] = static_cast<std::uint16_t>(j - whole);
+        old_stage[t] = a[j];
+        new_stage[t] = b[j];
+        ++t;
+      }
+    if (t != 0) append(t, first_index + whole);
+  }
+  return changed.size() - before;
+}
+
+}  // namespace detail
+
+/// A vector that can receive gathered words of type W: std::vector<W>, or std::vector<std::byte>
+/// holding them in host byte order (the layout of item::values).
+template <class V, class W>
+concept gathered_words =
+    std::same_as<V, std::vector<W>> || std::same_as<V, std::vector<std::byte>>;
+
+/// detect_changes that also gathers the differing words, in one pass over the data: appends the
+/// indices to `changed` exactly as detect_changes does, and tracker[j] and candidate[j] of each
+/// to `old_words` and `new_words` (each a std::vector<W> or a std::vector<std::byte>, which
+/// grows by sizeof(W) bytes a record), so that entry i of what each of the three gained belongs
+/// to the same record: what choose_encoding takes, and what an item's values are computed from.
+/// Returns the number of records appended; shape_mismatch (nothing appended) when the spans
+/// differ in length. Same speed class as detect_changes: the words are compacted in registers
+/// with the offsets (AVX-512), or picked up by the loop that emits each offset (elsewhere),
+/// while the block is still loaded. Allocates only to grow the three vectors.
+template <storage_word W, class OldWords, class NewWords>
+  requires gathered_words<OldWords, W> && gathered_words<NewWords, W>
+std::size_t detect_and_gather(std::span<const W> tracker, std::span<const W> candidate,
+                              std::vector<std::uint64_t>& changed, OldWords& old_words,
+                              NewWords& new_words, std::uint64_t first_index = 0) {
+  return detail::detect_and_gather_into<W>(tracker, candidate, changed, old_words, new_words,
+                                           first_index);
 }
 
 }  // namespace dcr
