@@ -5,9 +5,15 @@
 //   model.embed_tokens.weight [vocab, hidden]    vocab-parallel (split dim 0), stored flat and
 //                                                padded to a multiple of 4 rows (padding untouched)
 //   lm_head.weight [vocab, hidden]               vocab-parallel, stored transposed [hidden, v_local],
-//                                                copied one row at a time (many small copies)
+//                                                copied one row at a time (many small copies);
+//                                                with tied embeddings (model_config::tie) either
+//                                                skipped (the engine uses embed for both) or
+//                                                written into the embed storage as well
 //   model.norm.weight [hidden]                   replicated into two buffers (norm, norm_copy)
-//   model.layers.l.input_layernorm.weight        replicated
+//   model.layers.l.input_layernorm.weight        replicated into `ln`, plus (cast_copies) a copy
+//                                                in another float dtype through a dtype cast:
+//                                                an fp32 copy of a bf16/f16 norm, or a copy of an
+//                                                fp32 norm in the matrices' bf16/f16
 //   model.layers.l.self_attn.{q,k,v}_proj.weight column-parallel by heads, fused into one qkv
 //   model.layers.l.self_attn.o_proj.weight       row-parallel (split the last dim)
 //   model.layers.l.mlp.{gate,up}_proj.weight     column-parallel, fused gate_up
@@ -24,6 +30,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -58,7 +65,19 @@ struct model_config {
   int layers = 1;
   dtype type = dtype::bf16;       // matrices
   dtype norm_type = dtype::f32;   // norms (engines often keep them in fp32)
+  /// Tied embeddings: the engine keeps one storage for embed and lm_head.
+  enum class tie_mode { none, skip_lm_head, write_both } tie = tie_mode::none;
+  bool cast_copies = true;        // keep a dtype-cast copy of each input_layernorm
 };
+
+/// The storage dtype of the cast copy of a norm of dtype `norm`, or nullopt when the engine
+/// keeps none (cast_copies off, or no float pair to cast between).
+inline std::optional<dtype> cast_copy_type(const model_config& c) {
+  if (!c.cast_copies) return std::nullopt;
+  if (c.norm_type == dtype::bf16 || c.norm_type == dtype::f16) return dtype::f32;
+  if (c.norm_type == dtype::f32 && (c.type == dtype::bf16 || c.type == dtype::f16)) return c.type;
+  return std::nullopt;
+}
 
 inline std::string layer_prefix(int l) { return "model.layers." + std::to_string(l) + "."; }
 
@@ -183,6 +202,10 @@ enum class fault {
   duplicate_norm,  ///< writes model.norm.weight twice into the same buffer
   forget_skip,     ///< neither copies nor skips experts it does not hold
   alternate,       ///< every other load of `fault_tensor` copies only its first half
+  broadcast_src,   ///< copies `fault_tensor`'s first row broadcast over all its rows
+  reversed_norm,   ///< also writes model.norm.weight reversed into `norm` (two elements per word)
+  modify_src,      ///< sets a bit of `fault_tensor`'s src before copying (writes its input)
+  wrong_cast,      ///< casts input_layernorm as if it were f16 (a transform of the wrong dtype)
 };
 
 /// The engine's native loader for one tensor-parallel rank of `world`.
@@ -194,7 +217,7 @@ class test_engine_loader {
     const auto wb = dcr::dtype_size(c.type), nb = dcr::dtype_size(c.norm_type);
     const auto vs = split(c.vocab);
     storage_.add("embed", (vs.size() + 3) / 4 * 4 * c.hidden, wb);
-    storage_.add("lm_head_t", c.hidden * vs.size(), wb);
+    if (c.tie == model_config::tie_mode::none) storage_.add("lm_head_t", c.hidden * vs.size(), wb);
     storage_.add("norm", c.hidden, nb);
     storage_.add("norm_copy", c.hidden, nb);
     for (int l = 0; l < c.layers; ++l) {
@@ -202,6 +225,7 @@ class test_engine_loader {
       const auto hs = split(c.heads), ks = split(c.kv_heads), is = split(c.inter);
       const auto es = split(c.experts), cs = split(c.conv_channels);
       storage_.add(b + "ln", c.hidden, nb);
+      if (const auto ct = cast_copy_type(c)) storage_.add(b + "ln_cast", c.hidden, dcr::dtype_size(*ct));
       storage_.add(b + "qkv", (hs.size() + 2 * ks.size()) * c.head_dim * c.hidden, wb);
       storage_.add(b + "o", c.hidden * hs.size() * c.head_dim, wb);
       storage_.add(b + "gate_up", 2 * is.size() * c.hidden, wb);
@@ -224,13 +248,16 @@ class test_engine_loader {
     ++loads;
     const std::string_view name = t.name;
     const auto& c = c_;
-    if (name == "model.embed_tokens.weight") {
+    using tie = model_config::tie_mode;
+    if (name == "model.embed_tokens.weight" ||
+        (name == "lm_head.weight" && c.tie == tie::write_both)) {
       const auto vs = split(c.vocab);
       auto dst = tensor_view<W>::contiguous(storage_.words<W>("embed"), {vs.size() * c.hidden});
       emit(sink, t, dst, src.slice(0, vs.begin, vs.size()).reshape({vs.size() * c.hidden}));
       return;
     }
     if (name == "lm_head.weight") {
+      if (c.tie == tie::skip_lm_head) return sink.skip(t);
       const auto vs = split(c.vocab);
       if (vs.size() == 0) return sink.skip(t);
       auto stored = tensor_view<W>::contiguous(storage_.words<W>("lm_head_t"), {c.hidden, vs.size()});
@@ -243,6 +270,11 @@ class test_engine_loader {
       emit(sink, t, tensor_view<W>::contiguous(storage_.words<W>("norm_copy"), {c.hidden}), src);
       if (inject == fault::duplicate_norm)
         emit(sink, t, tensor_view<W>::contiguous(storage_.words<W>("norm"), {c.hidden}), src);
+      if (inject == fault::reversed_norm && c.hidden > 1) {
+        auto n = tensor_view<W>::contiguous(storage_.words<W>("norm"), {c.hidden});
+        tensor_view<const W> rev(src.data() + (c.hidden - 1), 1, {c.hidden}, {-1});
+        sink.copy(n, rev);
+      }
       return;
     }
     // model.layers.<l>.<rest>
@@ -255,6 +287,13 @@ class test_engine_loader {
     const auto hd = c.head_dim;
     if (rest == "input_layernorm.weight") {
       emit(sink, t, tensor_view<W>::contiguous(storage_.words<W>(b + "ln"), {c.hidden}), src);
+      if (const auto ct = cast_copy_type(c)) {
+        const auto tr = dcr::element_transform::cast(inject == fault::wrong_cast ? dtype::f16 : t.type, *ct);
+        dcr::visit_word(dcr::dtype_size(*ct), [&](auto d) {
+          using D = decltype(d);
+          sink.copy(tensor_view<D>::contiguous(storage_.words<D>(b + "ln_cast"), {c.hidden}), src, tr);
+        });
+      }
     } else if (rest == "self_attn.q_proj.weight" || rest == "self_attn.k_proj.weight" ||
                rest == "self_attn.v_proj.weight") {
       const auto hs = split(c.heads), ks = split(c.kv_heads);
@@ -321,6 +360,14 @@ class test_engine_loader {
 
   template <class Sink, class W>
   void emit(Sink& sink, const canonical_tensor& t, tensor_view<W> dst, tensor_view<const W> src) {
+    if (inject == fault::broadcast_src && t.name == fault_tensor && src.rank() >= 1 && src.extent(0) > 1) {
+      dcr::index_array str = src.strides();
+      str[0] = 0;
+      sink.copy(dst, tensor_view<const W>(src.data(), src.rank(), src.extents(), str));
+      return;
+    }
+    if (inject == fault::modify_src && t.name == fault_tensor && src.size() > 0)
+      const_cast<W*>(src.data())[0] |= W{1};
     if (inject == fault::temporary_src && t.name == fault_tensor) {
       // A loader that materializes its input first: fine for a dense load, but the delta sink
       // cannot tell which elements of the temporary are active.

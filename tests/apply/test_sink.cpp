@@ -305,7 +305,7 @@ TEST_CASE("copy/skip accounting: every load copies or skips, never both, never n
   CHECK(run([&](auto& s) { s.skip(other); }) == errc::unsupported_loader_path);
   CHECK(code_of([&] {
           delta_sink<std::uint16_t> sink;
-          sink.begin(t, scratch.data(), {}, {}, encoding::ulp, delta_pass::check);
+          sink.begin(t, scratch.data(), {}, {}, static_cast<encoding>(9), delta_pass::check);
         }) == errc::unsupported_version);
 }
 

@@ -2,9 +2,9 @@
 //
 // dcr never knows where a receiver keeps its weights. The engine's own loader does: given one
 // canonical tensor (Hugging Face name, dtype, shape) and a read-only view of its words, it splits
-// by tensor-parallel rank, fuses q/k/v or gate/up, transposes, pads, or skips experts the rank
-// does not hold, exactly as it would for a dense checkpoint load. dcr only asks the loader to
-// perform every *final storage copy* through a sink:
+// by tensor-parallel rank, fuses q/k/v or gate/up, transposes, pads, casts, or skips experts the
+// rank does not hold, exactly as it would for a dense checkpoint load. dcr only asks the loader
+// to perform every *final storage copy* through a sink:
 //
 //   struct my_engine_loader {
 //     using loader_concept = dcr::loader_tag;
@@ -12,35 +12,42 @@
 //     void load(const dcr::canonical_tensor& t, dcr::tensor_view<const W> src, Sink& sink) {
 //       auto dst = /* tensor_view<W> into engine storage */;
 //       sink.copy(dst, src.slice(0, row_begin, rows));   // a view of src, same shape as dst
+//       // a copy into storage of another dtype (an fp32 copy of a bf16 norm):
+//       //   sink.copy(norm_f32 /* tensor_view<std::uint32_t> */, src,
+//       //             dcr::element_transform::cast(t.type, dcr::dtype::f32));
 //       // or, when this rank holds nothing of t:  sink.skip(t);
 //     }
 //   };
 //
-// The same loader then serves the dense refit (dcr::dense_sink copies every element) and the
-// in-place delta apply (dcr::delta_sink writes only the changed elements), which is why a delta
-// apply ends bit-identical to a dense refit.
+// The same loader then serves the dense refit (dcr::dense_sink copies every element), the
+// prewarm probe that compiles its placement (dcr/apply/placement.hpp) and the general in-place
+// apply (dcr::delta_sink writes only the changed elements), which is why a delta apply ends
+// bit-identical to a dense refit.
 //
-// Loader conditions (checked by the sinks; a violation is errc::unsupported_loader_path naming
-// the tensor):
-//   * every `src` passed to copy() is a view of the `src` the loader was given (built with
-//     slice/select/transpose/reshape, or any strided view of the same words): the delta sink
-//     locates changed elements by address, so a copy from a temporary buffer cannot be applied;
+// Loader conditions (a violation is errc::unsupported_loader_path naming the tensor, reported
+// by item_applier::prewarm() before any transition; docs/receiver.md lists what can and cannot
+// be checked):
+//   * every storage write of a canonical value goes through sink.copy(); every `src` passed to
+//     copy() is a view of the `src` the loader was given (built with slice/select/transpose/
+//     reshape, or any strided view of the same words): dcr locates canonical elements by
+//     address, so a copy from a temporary buffer cannot be placed;
 //   * src views are non-overlapping strided views (no broadcast, stride 0 with extent > 1);
 //   * dst and src of one copy have the same extents;
-//   * each canonical value reaches storage unchanged (same word, no arithmetic); element
-//     transforms such as dtype casts are a planned extension (see below);
+//   * each canonical value reaches storage unchanged or through one element transform
+//     (dcr/apply/transform.hpp: dtype casts on bits); the two-argument copy() is the identity;
+//   * each destination element receives at most one canonical element (writing the same
+//     element twice, or tied tensors sharing storage, makes the tensor overwrite-only);
+//   * the loader does not modify its src (the scratch);
 //   * for every tensor, load() either issues copies or calls skip(t), never both, never neither;
-//   * load() is deterministic: the same tensor yields the same copies on every call.
-//
-// Extension: a later revision adds `sink.copy(dst, src, transform)` for element transforms.
-// The two-argument copy() keeps meaning "identity", so loaders written against this header keep
-// compiling and keep their meaning.
+//   * load() is deterministic: the same tensor yields the same copies on every call, and the
+//     placement does not depend on the values in src.
 #pragma once
 
 #include <concepts>
 #include <cstdint>
 #include <type_traits>
 
+#include "dcr/apply/transform.hpp"
 #include "dcr/canonical.hpp"
 #include "dcr/dtype.hpp"
 #include "dcr/tensor_view.hpp"
@@ -60,16 +67,23 @@ template <storage_word W>
 struct archetype_sink {
   using sink_concept = sink_tag;
   void copy(tensor_view<W> dst, tensor_view<const W> src);
+  template <storage_word D>
+  void copy(tensor_view<D> dst, tensor_view<const W> src, element_transform transform);
   void skip(const canonical_tensor& t);
 };
 }  // namespace detail
 
-/// A sink for words W: receives a loader's final storage copies and explicit skips.
+/// A sink for words W: receives a loader's final storage copies (identity, or with an element
+/// transform into storage words of any width) and explicit skips.
 template <class S, class W>
 concept sink_for = storage_word<W> && std::same_as<typename S::sink_concept, sink_tag> &&
-                   requires(S& s, tensor_view<W> dst, tensor_view<const W> src,
-                            const canonical_tensor& t) {
+                   requires(S& s, tensor_view<W> dst, tensor_view<std::uint32_t> dst32,
+                            tensor_view<std::uint16_t> dst16, tensor_view<const W> src,
+                            element_transform tr, const canonical_tensor& t) {
                      s.copy(dst, src);
+                     s.copy(dst, src, tr);
+                     s.copy(dst32, src, tr);
+                     s.copy(dst16, src, tr);
                      s.skip(t);
                    };
 

@@ -14,10 +14,22 @@
 // view's strides into logical coordinates and writes the destination element with the same
 // coordinates. No placeholder values are involved, so NaN payloads, -0 and every other bit
 // pattern are applied exactly, and the scratch never needs the item's values.
+//
+// Relation to the paper's placeholder scatter: the paper scatters an item's values into the
+// scratch, fills inactive positions with a placeholder (0 for xor masks, NaN for overwrites) and
+// derives each copy's active mask from the copy's input values, which needs a placeholder that
+// no real value equals and a loader that keeps it intact. Locating by address answers the same
+// question (which elements of this copy have a record) from the view geometry alone, so it is
+// exact for every bit pattern and does not depend on what the loader does to values.
+//
+// Both sinks accept the transformed copy `copy(dst, src, transform)` (dcr/apply/transform.hpp):
+// dense_sink stores transform(word) for every element; delta_sink stores transform(value) for
+// overwrite records and refuses xor/ulp records on a copy that does not preserve bits.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -26,6 +38,7 @@
 #include <vector>
 
 #include "dcr/apply/loader.hpp"
+#include "dcr/apply/transform.hpp"
 #include "dcr/canonical.hpp"
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/values.hpp"
@@ -44,6 +57,33 @@ struct load_record {
   std::uint64_t elements = 0;  ///< destination elements written
   bool skipped = false;        ///< the loader called skip(t): this rank holds nothing of t
 };
+
+/// One destination element written by an in-place apply, kept when post-apply checks are on
+/// (apply_options::verify): where, what was there before, and what was applied. Words are
+/// zero-extended to 64 bits.
+struct write_record {
+  std::byte* dst = nullptr;    ///< the destination element
+  std::uint64_t before = 0;    ///< its bits before the write
+  std::uint64_t value = 0;     ///< the item's value for the element (mask, delta or new bits)
+  std::uint64_t index = 0;     ///< canonical flat index of the element
+  std::string_view tensor;     ///< canonical tensor name (lives in the registry)
+  encoding enc = encoding::overwrite;
+  element_transform transform{};
+  std::uint8_t src_bytes = 0;  ///< canonical word width
+  std::uint8_t dst_bytes = 0;  ///< storage word width
+};
+
+namespace detail {
+template <storage_word W>
+W load_word(const std::byte* p) noexcept {
+  W w;
+  std::memcpy(&w, p, sizeof(W));
+  return w;
+}
+inline std::uint64_t load_word_bytes(const std::byte* p, std::size_t bytes) noexcept {
+  return visit_word(bytes, [&](auto w) { return static_cast<std::uint64_t>(load_word<decltype(w)>(p)); });
+}
+}  // namespace detail
 
 namespace detail {
 
@@ -71,28 +111,34 @@ inline void check_skip_target(const load_record& r, const canonical_tensor& t) {
                   "' both copied and skipped it");
 }
 
+/// "copy #n of tensor 'name'" for the copy being made (n counts from 1).
+inline std::string copy_where(const load_record& r) {
+  return "dcr loader: copy #" + std::to_string(r.copies + 1) + " of tensor '" +
+         std::string(r.tensor) + "'";
+}
+
 template <class W, class U>
 void check_copy_shapes(const load_record& r, const tensor_view<W>& dst,
                        const tensor_view<U>& src) {
   DCR_EXPECTS(dst.same_shape(src), errc::shape_mismatch,
-              "dcr loader: copy #" + std::to_string(r.copies) + " of tensor '" +
-                  std::string(r.tensor) + "' has dst and src views of different shapes");
+              copy_where(r) + " has dst and src views of different shapes");
 }
 
-/// Whether a strided view is provably non-overlapping: ordered by |stride|, each dimension's
-/// stride exceeds the largest offset the smaller-stride dimensions reach. Every view built by
-/// slice/select/transpose/reshape from a contiguous tensor qualifies; a broadcast (stride 0,
-/// extent > 1) does not. The same condition makes the offset decomposition below unique.
-template <class T>
-constexpr bool is_non_overlapping(const tensor_view<T>& v) noexcept {
+/// Whether a strided layout (extents and strides, `n` dimensions) is provably non-overlapping:
+/// ordered by |stride|, each dimension's stride exceeds the largest offset the smaller-stride
+/// dimensions reach. Every view built by slice/select/transpose/reshape from a contiguous tensor
+/// qualifies; a broadcast (stride 0, extent > 1) does not. The same condition makes the offset
+/// decomposition of view_inverse unique.
+constexpr bool is_non_overlapping_layout(const std::int64_t* extents, const std::int64_t* strides,
+                                         int rank) noexcept {
   std::array<std::int64_t, max_rank> s{};
   std::array<std::int64_t, max_rank> e{};
   int n = 0;
-  for (int d = 0; d < v.rank(); ++d) {
-    if (v.extent(d) == 0) return true;  // no elements, nothing can overlap
-    if (v.extent(d) == 1) continue;
-    s[n] = v.stride(d) < 0 ? -v.stride(d) : v.stride(d);
-    e[n] = v.extent(d);
+  for (int d = 0; d < rank; ++d) {
+    if (extents[d] == 0) return true;  // no elements, nothing can overlap
+    if (extents[d] == 1) continue;
+    s[n] = strides[d] < 0 ? -strides[d] : strides[d];
+    e[n] = extents[d];
     ++n;
   }
   // Insertion sort by |stride|: rank <= 8.
@@ -109,12 +155,21 @@ constexpr bool is_non_overlapping(const tensor_view<T>& v) noexcept {
   return true;
 }
 
+template <class T>
+constexpr bool is_non_overlapping(const tensor_view<T>& v) noexcept {
+  return is_non_overlapping_layout(v.extents().data(), v.strides().data(), v.rank());
+}
+
+}  // namespace detail
+
 /// The exact inverse of one copy's src view: relative scratch offset -> dst element offset.
-/// Trivially copyable, so a device kernel can take it by value.
+/// Trivially copyable, so a device kernel can take it by value (placement records hold one).
 ///
 /// Dimensions with extent > 1 are kept, ordered by |src stride| descending. A dimension with a
 /// negative src stride is walked backwards from the view's lowest address: quotient q stands for
-/// coordinate extent-1-q, folded into `dst_origin` and a negated `dst_step`.
+/// coordinate extent-1-q, folded into `dst_origin` and a negated `dst_step`. The element with
+/// quotients (q_0 .. q_{dims-1}) sits at relative src offset sum q_i * src_stride[i] and at dst
+/// offset dst_origin + sum q_i * dst_step[i].
 struct view_inverse {
   int dims = 0;
   std::array<std::int64_t, max_rank> src_stride{};  ///< |src stride|, descending
@@ -152,15 +207,26 @@ struct view_inverse {
         std::swap(inv.extent[j - 1], inv.extent[j]);
         std::swap(inv.dst_step[j - 1], inv.dst_step[j]);
       }
-    // Gapless (span + 1 == size) and dst steps equal src strides: rel maps to itself.
-    std::int64_t size = 1;
-    bool same = inv.dst_origin == 0;
-    for (int i = 0; i < inv.dims; ++i) {
-      size *= inv.extent[i];
-      same = same && inv.dst_step[i] == inv.src_stride[i];
-    }
-    inv.identity = same && inv.span + 1 == size;
+    inv.update_identity();
     return inv;
+  }
+
+  /// Recomputes `identity`: gapless (span + 1 == size) and dst steps equal src strides.
+  constexpr void update_identity() noexcept {
+    std::int64_t size = 1;
+    bool same = dst_origin == 0;
+    for (int i = 0; i < dims; ++i) {
+      size *= extent[i];
+      same = same && dst_step[i] == src_stride[i];
+    }
+    identity = same && span + 1 == size;
+  }
+
+  /// Number of elements.
+  [[nodiscard]] DCR_HOST_DEVICE constexpr std::int64_t size() const noexcept {
+    std::int64_t n = 1;
+    for (int i = 0; i < dims; ++i) n *= extent[i];
+    return n;
   }
 
   /// If relative offset `rel` (in [0, span]) is an element of the view, stores the matching
@@ -182,7 +248,84 @@ struct view_inverse {
     dst_off = off;
     return true;
   }
+
+  /// Calls f(rel, dst_off) for every element, quotients in row-major order (outermost dim =
+  /// largest src stride first). Host-side enumeration for prewarm analysis and checks.
+  template <class F>
+  void for_each(F&& f) const {
+    if (dims == 0) {
+      f(std::int64_t{0}, dst_origin);
+      return;
+    }
+    std::array<std::int64_t, max_rank> q{};
+    std::int64_t rel = 0, off = dst_origin;
+    const int inner = dims - 1;
+    for (;;) {
+      for (std::int64_t k = 0; k < extent[inner]; ++k)
+        f(rel + k * src_stride[inner], off + k * dst_step[inner]);
+      int d = inner - 1;
+      for (; d >= 0; --d) {
+        rel += src_stride[d];
+        off += dst_step[d];
+        if (++q[d] < extent[d]) break;
+        rel -= q[d] * src_stride[d];
+        off -= q[d] * dst_step[d];
+        q[d] = 0;
+      }
+      if (d < 0) return;
+    }
+  }
 };
+
+static_assert(std::is_trivially_copyable_v<view_inverse>);
+
+namespace detail {
+
+/// Where one copy's src lies inside the scratch tensor: its inverse and the canonical index of
+/// its lowest element (`first`; the view covers [first, first + inv.span]).
+struct located_copy {
+  view_inverse inv;
+  std::int64_t first = 0;
+};
+
+/// Checks that a non-empty src view is a non-overlapping strided view lying inside the scratch
+/// tensor [base, base + numel) and inverts it. Throws errc::unsupported_loader_path naming the
+/// tensor and the copy otherwise. Works on addresses, so a view of some other buffer is detected
+/// rather than being undefined pointer arithmetic.
+template <class D, storage_word W>
+located_copy locate_copy(const load_record& r, const W* base, std::int64_t numel,
+                         const tensor_view<D>& dst, const tensor_view<const W>& src) {
+  DCR_EXPECTS(is_non_overlapping(src), errc::unsupported_loader_path,
+              copy_where(r) + " reads an overlapping src view (broadcast or aliased strides)");
+  located_copy c;
+  c.inv = view_inverse::of(dst, src);
+  const auto byte_diff = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(src.data()) -
+                                                   reinterpret_cast<std::uintptr_t>(base));
+  c.first = byte_diff / static_cast<std::int64_t>(sizeof(W)) + c.inv.min_offset;
+  const bool inside = byte_diff % static_cast<std::int64_t>(sizeof(W)) == 0 && c.first >= 0 &&
+                      c.first <= numel - 1 - c.inv.span;
+  DCR_EXPECTS(inside, errc::unsupported_loader_path,
+              copy_where(r) +
+                  " reads from outside the tensor the loader was given (src must be a view "
+                  "of the src argument, not a temporary)");
+  return c;
+}
+
+/// Copies every element src -> dst through transform T (dense refit of a transformed copy).
+template <class T, storage_word D, storage_word W>
+void copy_transformed(tensor_view<D> dst, tensor_view<const W> src) {
+  const std::int64_t n = dst.size();
+  if (n == 0) return;
+  const int last = dst.rank() - 1;
+  const std::int64_t inner = last >= 0 ? dst.extent(last) : 1;
+  const std::int64_t ds = last >= 0 ? dst.stride(last) : 1;
+  const std::int64_t ss = last >= 0 ? src.stride(last) : 1;
+  for (std::int64_t row = 0; row < n / inner; ++row) {
+    D* d = dst.data() + dst.offset_of_logical(row * inner);
+    const W* s = src.data() + src.offset_of_logical(row * inner);
+    for (std::int64_t k = 0; k < inner; ++k) d[k * ds] = T::apply(s[k * ss]);
+  }
+}
 
 }  // namespace detail
 
@@ -191,7 +334,7 @@ struct view_inverse {
 /// Bracket each load() with begin(t) / finish(); finish() checks that the loader copied or
 /// skipped t and appends the tensor's load_record to log(), so a caller can see which tensors
 /// this rank loaded and which it skipped. dense_sink accepts src views from anywhere (a dense
-/// refit may legitimately copy from temporaries); the delta path is what forbids it.
+/// refit may legitimately copy from temporaries); the delta paths are what forbid it.
 template <storage_word W>
 class dense_sink {
  public:
@@ -199,13 +342,35 @@ class dense_sink {
   using word_type = W;
 
   /// Starts the load of `t` (which must outlive the record).
-  void begin(const canonical_tensor& t) { current_ = load_record{t.name, 0, 0, false}; }
+  void begin(const canonical_tensor& t) {
+    current_ = load_record{t.name, 0, 0, false};
+    type_ = t.type;
+  }
 
   /// Copies every element. dst and src must have the same extents (errc::shape_mismatch).
   void copy(tensor_view<W> dst, tensor_view<const W> src) {
     detail::check_copy_after_skip(current_);
     detail::check_copy_shapes(current_, dst, src);
     copy_elements(dst, src);
+    ++current_.copies;
+    current_.elements += static_cast<std::uint64_t>(dst.size());
+  }
+
+  /// Copies every element through `transform` into storage words D. Throws dtype_mismatch when
+  /// the transform does not read the tensor's dtype or write D-wide words.
+  template <storage_word D>
+  void copy(tensor_view<D> dst, tensor_view<const W> src, element_transform transform) {
+    detail::check_copy_after_skip(current_);
+    detail::check_copy_shapes(current_, dst, src);
+    if (transform.preserves_bits() && std::is_same_v<D, W>) {
+      if constexpr (std::is_same_v<D, W>) copy(dst, src);
+      return;
+    }
+    check_transform<W, D>(transform, type_, detail::copy_where(current_));
+    visit_cast(transform.kind, [&](auto c) {
+      using T = decltype(c);
+      if constexpr (cast_maps_v<T, W, D>) detail::copy_transformed<T>(dst, src);
+    });
     ++current_.copies;
     current_.elements += static_cast<std::uint64_t>(dst.size());
   }
@@ -229,6 +394,7 @@ class dense_sink {
 
  private:
   load_record current_;
+  dtype type_ = dtype::u8;
   std::vector<load_record> log_;
 };
 
@@ -238,26 +404,28 @@ static_assert(sink_for<dense_sink<std::uint16_t>, std::uint16_t>);
 /// counts writes without touching storage; `write` performs the writes.
 enum class delta_pass : std::uint8_t { check, write };
 
-/// Applies one item in place at the loader's final storage copies.
+/// Applies one item in place at the loader's final storage copies: the general apply path.
 ///
 /// begin() binds the item: the canonical tensor, the base of the scratch view the loader is
 /// handed (contiguous row-major of the canonical shape, so scratch offset == canonical flat
 /// index), the item's sorted active indices, its values and encoding (any supported one; the
 /// per-element rule comes from the encoding's policy type in dcr/codec/values.hpp).
-/// For each copy(dst, src) the sink
+/// For each copy(dst, src[, transform]) the sink
 ///   1. rejects (errc::unsupported_loader_path, naming the tensor) a src that is not a
-///      non-overlapping strided view lying inside the bound scratch tensor;
+///      non-overlapping strided view lying inside the bound scratch tensor, and a transform that
+///      does not preserve bits on an item whose encoding needs committed bits (xor, ulp);
 ///   2. narrows the active list to the view's address window by binary search;
 ///   3. for each active index in the window, decomposes its offset over the src strides and,
-///      if it is an element of the view, updates the dst element at the same coordinates.
+///      if it is an element of the view, updates the dst element at the same coordinates
+///      (overwrite through a transform stores transform(value)).
 /// Cost per copy: O(log active + active_in_window * rank); views are never scanned.
 /// Elements without a record are never written.
 ///
-/// Non-idempotent items (xor): a canonical element may be replicated into several different
+/// Non-idempotent items (xor, ulp): a canonical element may be replicated into several different
 /// destinations, but the same destination element must not be written twice (a second xor
-/// would undo the first). When the loader issues more than one copy, or a dst view that may overlap itself,
-/// the check pass collects every written destination address and finish() rejects repeats
-/// (a sort of the item's writes, in a buffer reused across items).
+/// would undo the first). When the loader issues more than one copy, or a dst view that may
+/// overlap itself, the check pass collects every written destination address and finish()
+/// rejects repeats (a sort of the item's writes, in a buffer reused across items).
 /// Overwrite items may write a destination more than once (last write wins, as in the dense
 /// refit).
 template <storage_word W>
@@ -269,22 +437,27 @@ class delta_sink {
   /// Binds one item for one load(). `active` must be sorted strictly increasing and `values`
   /// hold one word per active index (the caller validates items). Throws unsupported_version
   /// for an encoding this build does not implement. The spans and `t` must stay alive until
-  /// finish().
+  /// finish(). When `log` is not null, the write pass appends one write_record per written
+  /// element (post-apply checks).
   void begin(const canonical_tensor& t, const W* scratch, std::span<const std::uint64_t> active,
-             std::span<const W> values, encoding enc, delta_pass pass) {
+             std::span<const W> values, encoding enc, delta_pass pass,
+             std::vector<write_record>* log = nullptr) {
     DCR_EXPECTS(is_supported_encoding(enc), errc::unsupported_version,
                 "dcr apply: tensor '" + t.name + "': encoding " +
                     std::to_string(static_cast<int>(enc)) + " is not applied by delta_sink");
     DCR_EXPECTS(values.size() == active.size(), errc::invalid_argument,
                 "dcr apply: tensor '" + t.name + "': value count differs from index count");
     current_ = load_record{t.name, 0, 0, false};
+    type_ = t.type;
     base_ = scratch;
     numel_ = t.numel();
     active_ = active;
     values_ = values;
     enc_ = enc;
     idempotent_ = visit_encoding(enc, [](auto e) { return decltype(e)::idempotent; });
+    needs_bits_ = visit_encoding(enc, [](auto e) { return decltype(e)::needs_committed_bits; });
     pass_ = pass;
+    log_ = log;
     recording_ = false;
     has_first_ = false;
     written_.clear();
@@ -292,41 +465,54 @@ class delta_sink {
 
   /// Applies the bound item's records that fall inside `src` to the matching `dst` elements.
   void copy(tensor_view<W> dst, tensor_view<const W> src) {
+    copy(dst, src, element_transform::identity());
+  }
+
+  /// The same through an element transform into storage words D (overwrite items only, unless
+  /// the transform is the identity).
+  template <storage_word D>
+  void copy(tensor_view<D> dst, tensor_view<const W> src, element_transform transform) {
     detail::check_copy_after_skip(current_);
     detail::check_copy_shapes(current_, dst, src);
+    check_transform<W, D>(transform, type_, detail::copy_where(current_));
+    DCR_EXPECTS(transform.preserves_bits() || !needs_bits_, errc::unsupported_loader_path,
+                detail::copy_where(current_) + " applies " + transform_name(transform) +
+                    ", which does not preserve bits: the tensor takes overwrite records only, "
+                    "not " + encoding_name());
+    if (src.size() == 0) {  // no elements: nothing to locate, nothing outside the tensor
+      ++current_.copies;
+      return;
+    }
+    const auto c = detail::locate_copy(current_, base_, numel_, dst, src);
     ++current_.copies;
-    if (src.size() == 0) return;  // no elements: nothing to locate, nothing outside the tensor
-    DCR_EXPECTS(detail::is_non_overlapping(src), errc::unsupported_loader_path,
-                "dcr apply: copy #" + std::to_string(current_.copies) + " of tensor '" +
-                    std::string(current_.tensor) +
-                    "' reads an overlapping src view (broadcast or aliased strides)");
-    const auto inv = detail::view_inverse::of(dst, src);
-    // Offset of the view's lowest element from the scratch base, computed on addresses so a
-    // view of some other buffer is detected rather than being undefined pointer arithmetic.
-    const auto byte_diff = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(src.data()) -
-                                                     reinterpret_cast<std::uintptr_t>(base_));
-    const std::int64_t first = byte_diff / static_cast<std::int64_t>(sizeof(W)) + inv.min_offset;
-    const bool inside = byte_diff % static_cast<std::int64_t>(sizeof(W)) == 0 && first >= 0 &&
-                        first <= numel_ - 1 - inv.span;
-    DCR_EXPECTS(inside, errc::unsupported_loader_path,
-                "dcr apply: copy #" + std::to_string(current_.copies) + " of tensor '" +
-                    std::string(current_.tensor) +
-                    "' reads from outside the tensor the loader was given (src must be a view "
-                    "of the src argument, not a temporary)");
-
     const auto lo = std::lower_bound(active_.begin(), active_.end(),
-                                     static_cast<std::uint64_t>(first));
-    const auto hi = std::upper_bound(lo, active_.end(), static_cast<std::uint64_t>(first + inv.span));
+                                     static_cast<std::uint64_t>(c.first));
+    const auto hi =
+        std::upper_bound(lo, active_.end(), static_cast<std::uint64_t>(c.first + c.inv.span));
     const std::size_t k_begin = static_cast<std::size_t>(lo - active_.begin());
     const std::size_t k_end = static_cast<std::size_t>(hi - active_.begin());
+    auto* const out = reinterpret_cast<std::byte*>(dst.data());
     if (pass_ == delta_pass::check) {
-      check_range(dst, inv, first, k_begin, k_end);
-    } else {
-      visit_encoding(enc_, [&](auto e) {
-        using E = decltype(e);
-        write_range(dst, inv, first, k_begin, k_end, [](W r, W v) { return E::apply(r, v); });
-      });
+      check_range(out, sizeof(D), detail::is_non_overlapping(dst), c.inv, c.first, k_begin,
+                  k_end);
+      return;
     }
+    if constexpr (std::is_same_v<D, W>) {
+      if (transform.preserves_bits()) {
+        visit_encoding(enc_, [&](auto e) {
+          using E = decltype(e);
+          write_range<D>(dst.data(), transform, c.inv, c.first, k_begin, k_end,
+                         [](D r, W v) { return E::apply(r, v); });
+        });
+        return;
+      }
+    }
+    visit_cast(transform.kind, [&](auto cast) {
+      using T = decltype(cast);
+      if constexpr (cast_maps_v<T, W, D>)
+        write_range<D>(dst.data(), transform, c.inv, c.first, k_begin, k_end,
+                       [](D, W v) { return static_cast<D>(T::apply(v)); });
+    });
   }
 
   /// Records that this rank holds nothing of `t` (must be the bound tensor).
@@ -335,7 +521,7 @@ class delta_sink {
     current_.skipped = true;
   }
 
-  /// Ends the load: checks copy-or-skip and, on the check pass of an xor item, that no
+  /// Ends the load: checks copy-or-skip and, on the check pass of an xor/ulp item, that no
   /// destination element was written twice. Returns the record (elements = writes).
   load_record finish() {
     detail::check_copy_or_skip(current_);
@@ -343,7 +529,8 @@ class delta_sink {
       std::sort(written_.begin(), written_.end());
       DCR_EXPECTS(std::adjacent_find(written_.begin(), written_.end()) == written_.end(),
                   errc::unsupported_loader_path,
-                  "dcr apply: xor item of tensor '" + std::string(current_.tensor) +
+                  "dcr apply: " + encoding_name() + " item of tensor '" +
+                      std::string(current_.tensor) +
                       "' writes the same destination element twice (overlapping loader "
                       "writes; send this tensor as overwrite)");
     }
@@ -351,62 +538,96 @@ class delta_sink {
   }
 
  private:
-  // Counts the copy's writes. For xor items it also collects destination addresses, lazily:
-  // a load with a single copy into a non-overlapping dst cannot write an element twice, so the
-  // first such copy is only remembered, and replayed into `written_` once a second copy (or a
-  // possibly self-overlapping dst) makes the exact check necessary.
-  void check_range(const tensor_view<W>& dst, const detail::view_inverse& inv, std::int64_t first,
-                   std::size_t k_begin, std::size_t k_end) {
+  std::string encoding_name() const {
+    return enc_ == encoding::xor_mask ? "xor"
+           : enc_ == encoding::ulp    ? "ulp"
+                                      : "encoding " + std::to_string(static_cast<int>(enc_));
+  }
+
+  // Counts the copy's writes. For non-idempotent items it also collects destination addresses,
+  // lazily: a load with a single copy into a non-overlapping dst cannot write an element twice,
+  // so the first such copy is only remembered, and replayed into `written_` once a second copy
+  // (or a possibly self-overlapping dst) makes the exact check necessary.
+  void check_range(std::byte* dst, std::size_t dst_bytes, bool dst_non_overlapping,
+                   const view_inverse& inv, std::int64_t first, std::size_t k_begin,
+                   std::size_t k_end) {
     if (!idempotent_ && !recording_) {
-      if (current_.copies == 1 && detail::is_non_overlapping(dst)) {
-        first_copy_ = pending_copy{inv, dst.data(), first, k_begin, k_end};
+      if (current_.copies == 1 && dst_non_overlapping) {
+        first_copy_ = pending_copy{inv, dst, dst_bytes, first, k_begin, k_end};
         has_first_ = true;
       } else {
         recording_ = true;
         if (has_first_)
-          collect(first_copy_.inv, first_copy_.dst, first_copy_.first, first_copy_.k_begin,
-                  first_copy_.k_end, true);
+          collect(first_copy_.inv, first_copy_.dst, first_copy_.dst_bytes, first_copy_.first,
+                  first_copy_.k_begin, first_copy_.k_end, true);
       }
     }
-    current_.elements += collect(inv, dst.data(), first, k_begin, k_end, recording_);
+    current_.elements += collect(inv, dst, dst_bytes, first, k_begin, k_end, recording_);
   }
 
-  std::uint64_t collect(const detail::view_inverse& inv, W* dst, std::int64_t first,
-                        std::size_t k_begin, std::size_t k_end, bool record) {
+  std::uint64_t collect(const view_inverse& inv, std::byte* dst, std::size_t dst_bytes,
+                        std::int64_t first, std::size_t k_begin, std::size_t k_end, bool record) {
     std::uint64_t hits = 0;
     for (std::size_t k = k_begin; k < k_end; ++k) {
       std::int64_t off = 0;
       if (!inv.locate(static_cast<std::int64_t>(active_[k]) - first, off)) continue;
       ++hits;
-      if (record) written_.push_back(reinterpret_cast<std::uintptr_t>(dst + off));
+      if (record)
+        written_.push_back(reinterpret_cast<std::uintptr_t>(dst) +
+                           static_cast<std::uintptr_t>(off * static_cast<std::int64_t>(dst_bytes)));
     }
     return hits;
   }
 
-  template <class Op>
-  void write_range(const tensor_view<W>& dst, const detail::view_inverse& inv, std::int64_t first,
-                   std::size_t k_begin, std::size_t k_end, Op op) {
-    W* const out = dst.data();
-    for (std::size_t k = k_begin; k < k_end; ++k) {
-      std::int64_t off = 0;
-      if (!inv.locate(static_cast<std::int64_t>(active_[k]) - first, off)) continue;
-      out[off] = op(out[off], values_[k]);
-      ++current_.elements;
+  // Locates a batch of records first (prefetching each destination: the writes are scattered,
+  // so the loop is bound by cache misses), then read-modify-writes the batch.
+  template <storage_word D, class Op>
+  void write_range(D* out, element_transform transform, const view_inverse& inv,
+                   std::int64_t first, std::size_t k_begin, std::size_t k_end, Op op) {
+    constexpr std::size_t batch = 32;
+    std::int64_t offs[batch];
+    std::size_t ks[batch];
+    for (std::size_t k = k_begin; k < k_end;) {
+      std::size_t n = 0;
+      for (; k < k_end && n < batch; ++k) {
+        std::int64_t off = 0;
+        if (!inv.locate(static_cast<std::int64_t>(active_[k]) - first, off)) continue;
+#if defined(__GNUC__) || defined(__clang__)
+        __builtin_prefetch(out + off, 1);
+#endif
+        offs[n] = off;
+        ks[n++] = k;
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t off = offs[i];
+        const std::size_t kk = ks[i];
+        const D before = out[off];
+        out[off] = op(before, values_[kk]);
+        ++current_.elements;
+        if (log_ != nullptr)
+          log_->push_back(write_record{reinterpret_cast<std::byte*>(out + off), before,
+                                       values_[kk], active_[kk], current_.tensor, enc_, transform,
+                                       sizeof(W), sizeof(D)});
+      }
     }
   }
 
   load_record current_;
+  dtype type_ = dtype::u8;
   const W* base_ = nullptr;
   std::int64_t numel_ = 0;
   std::span<const std::uint64_t> active_;
   std::span<const W> values_;
   encoding enc_ = encoding::overwrite;
-  bool idempotent_ = true;  // a non-idempotent encoding must not write one destination twice
+  bool idempotent_ = true;   // a non-idempotent encoding must not write one destination twice
+  bool needs_bits_ = false;  // the encoding is exact only on a bit-preserving path
   delta_pass pass_ = delta_pass::check;
-  // Check pass of xor items: the destination addresses written, once recording is needed.
+  std::vector<write_record>* log_ = nullptr;
+  // Check pass of non-idempotent items: the destination addresses written, once needed.
   struct pending_copy {
-    detail::view_inverse inv;
-    W* dst;
+    view_inverse inv;
+    std::byte* dst;
+    std::size_t dst_bytes;
     std::int64_t first;
     std::size_t k_begin, k_end;
   };

@@ -5,8 +5,11 @@
 // is told which attempt is current (begin_attempt); payloads of any other transition or attempt
 // are refused as stale (that is how a failed attempt is fenced: its late payloads can no longer
 // land). Each payload is fully decoded and validated before its first write, applied at most
-// once per transition, and applied through item_applier's check-then-write passes, so a bad
-// payload changes nothing.
+// once per transition, and applied through item_applier (compiled placement by default, or the
+// general loader-per-item path; see dcr/apply/apply.hpp) after every item passed validation, so
+// a bad payload changes nothing. prewarm() compiles the loader's placement and fixes which
+// tensors this receiver takes as overwrite only (overwrite_only_tensors(), placement_report()):
+// an xor/ulp record for one of them is refused before any write.
 #pragma once
 
 #include <chrono>
@@ -34,6 +37,7 @@ struct receiver_stats {
   std::uint64_t payload_bytes = 0;
   std::uint64_t records = 0;
   std::uint64_t writes = 0;
+  std::uint64_t verified = 0;  ///< writes checked by post-apply checks
   double decode_seconds = 0;
   double apply_seconds = 0;
 };
@@ -62,13 +66,29 @@ class receiver_endpoint {
 template <class Loader>
 class receiver final : public receiver_endpoint {
  public:
-  /// The registry and loader must outlive the receiver.
-  receiver(const tensor_registry& registry, Loader& loader)
-      : registry_(&registry), applier_(registry, loader) {}
+  /// The registry, loader and engine storage must outlive the receiver. `options` choose the
+  /// apply path (compiled by default) and post-apply checks for every payload.
+  receiver(const tensor_registry& registry, Loader& loader, apply_options options = {})
+      : registry_(&registry), applier_(registry, loader, options) {}
 
-  /// Reserves scratch and probes the loader (see item_applier::prewarm). Call once before the
-  /// first transition and again whenever the engine's placement changes.
+  /// Reserves scratch and compiles the loader's placement (see item_applier::prewarm). Call
+  /// once before the first transition and again whenever the engine's placement changes or its
+  /// storage moves. Throws errc::unsupported_loader_path naming the tensor for a loader path
+  /// dcr cannot apply through.
   void prewarm() { applier_.prewarm(); }
+
+  /// The apply options used by apply_payload(bytes); switchable between payloads (per refit).
+  [[nodiscard]] const apply_options& options() const noexcept { return applier_.options(); }
+  void set_options(const apply_options& options) noexcept { applier_.set_options(options); }
+
+  /// Per canonical tensor (by id): skipped, copies, records, elements, overwrite-only and why.
+  /// Throws errc::not_ready before prewarm().
+  [[nodiscard]] std::span<const tensor_placement> placement_report() const {
+    return applier_.plan().report();
+  }
+
+  /// The compiled placement (records and report). Throws errc::not_ready before prewarm().
+  [[nodiscard]] const placement_plan& plan() const { return applier_.plan(); }
 
   /// Loads one canonical tensor densely through the same loader (initial load, dense restore of
   /// the committed version by a receiver that joins between attempts).
@@ -88,6 +108,11 @@ class receiver final : public receiver_endpoint {
   }
 
   apply_outcome apply_payload(std::span<const std::byte> bytes) override {
+    return apply_payload(bytes, applier_.options());
+  }
+
+  /// apply_payload with explicit options for this payload (path, post-apply checks).
+  apply_outcome apply_payload(std::span<const std::byte> bytes, const apply_options& options) {
     DCR_EXPECTS(has_attempt_, errc::not_ready, "receiver: payload before begin_attempt");
     const auto t0 = clock::now();
     // Validate everything (checksum included) before trusting the id: a header damaged into a
@@ -100,13 +125,14 @@ class receiver final : public receiver_endpoint {
       return apply_outcome::duplicate;
     }
     const auto t1 = clock::now();
-    const apply_stats s = applier_.apply(items_);
+    const apply_stats s = applier_.apply(items_, options);
     ledger_.mark(header.id);
     const auto t2 = clock::now();
     ++stats_.payloads_applied;
     stats_.payload_bytes += bytes.size();
     stats_.records += s.records;
     stats_.writes += s.writes;
+    stats_.verified += s.verified;
     stats_.decode_seconds += seconds(t1 - t0);
     stats_.apply_seconds += seconds(t2 - t1);
     return apply_outcome::applied;
@@ -118,8 +144,10 @@ class receiver final : public receiver_endpoint {
   }
 
   [[nodiscard]] const receiver_stats& stats() const override { return stats_; }
+  /// Empty before prewarm().
   [[nodiscard]] std::span<const tensor_id> overwrite_only_tensors() const override {
-    return overwrite_only_;  // every path of this loader is checked to preserve bits
+    if (!applier_.prewarmed()) return {};
+    return applier_.overwrite_only_tensors();
   }
   /// The version this receiver last saw committed.
   [[nodiscard]] std::uint64_t committed_version() const noexcept { return committed_version_; }
@@ -137,7 +165,6 @@ class receiver final : public receiver_endpoint {
   bool has_attempt_ = false;
   std::uint64_t committed_version_ = 0;
   receiver_stats stats_;
-  std::vector<tensor_id> overwrite_only_;
 };
 
 }  // namespace dcr

@@ -1,0 +1,696 @@
+// dcr/apply/placement.hpp: the compiled placement of a receiver: where its engine's loader puts
+// every canonical element, recorded once at prewarm so that applying an item touches only the
+// changed elements, without calling the loader.
+//
+// How it is compiled. compile_placement() runs the loader once per canonical tensor (twice, to
+// check that it is deterministic) with a probing sink over a zeroed scratch view of the tensor.
+// As in the general path (dcr/apply/sink.hpp), a scratch element's offset from the scratch base
+// is its canonical flat index, so every copy(dst, src[, transform]) the loader issues is
+// recorded by address, with no value involved: the exact inverse of the src view (canonical
+// index -> storage offset, view_inverse), the destination base pointer and word width, and the
+// element transform. Consecutive copies that step through the tensor by a constant canonical
+// and storage stride (lm_head copied one row at a time, experts one slice at a time) are merged
+// into one record with an extra outer dimension, so the per-item cost does not grow with the
+// number of copies. Skips are recorded too.
+//
+// What is checked at compile time (errc::unsupported_loader_path, message naming the tensor):
+//   * every copy's src is a non-overlapping strided view inside the tensor the loader was given
+//     (a copy from a temporary, a broadcast, a view of another buffer are rejected);
+//   * every tensor is copied or explicitly skipped, never both;
+//   * a transform reads the tensor's dtype and writes the destination's word width
+//     (errc::dtype_mismatch);
+//   * the loader does not modify its src (the scratch is still zero after each load);
+//   * two loads of the same tensor issue the same copies (determinism);
+//   * no destination element receives two different canonical elements. Writes are compared
+//     byte-exactly across all tensors (copies grouped by overlapping address windows, then a
+//     bitmap of the written bytes of each group). Two writes of the same canonical element
+//     (same tensor, same index, same transform) into the same destination element are allowed
+//     and make the tensor overwrite-only (an xor applied twice would cancel). The same
+//     destination element written by element i of two *different* tensors of the same dtype
+//     with the same transform is a tie (an engine sharing one storage for
+//     model.embed_tokens.weight and lm_head.weight and loading both): both tensors become
+//     overwrite-only, and exactness relies on the checkpoint keeping them bit-equal, as tied
+//     weights are. Anything else (two different indices, or partially overlapping words) is an
+//     error naming both tensors: no delta can reproduce a dense load's "last write wins".
+// A tensor is overwrite-only (xor/ulp records refused) when any of its copies has a transform
+// other than the identity, or it takes part in a repeated write or a tie; the plan reports why.
+//
+// Records are trivially copyable and hold raw storage pointers: a plan is valid while the
+// engine's storage stays where it was at prewarm (prewarm again after the engine reallocates or
+// changes its placement).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "dcr/apply/loader.hpp"
+#include "dcr/apply/sink.hpp"
+#include "dcr/apply/transform.hpp"
+#include "dcr/canonical.hpp"
+#include "dcr/config.hpp"
+#include "dcr/dtype.hpp"
+#include "dcr/error.hpp"
+#include "dcr/tensor_view.hpp"
+
+namespace dcr {
+
+/// Which apply path an item_applier / receiver uses.
+enum class apply_path : std::uint8_t {
+  compiled = 0,  ///< ours (default): placement records from prewarm, no loader call per item
+  general = 1,   ///< the paper's: run the loader per item with an intercepting delta_sink
+};
+
+namespace detail {
+__extension__ typedef unsigned __int128 uint128_t;  // GCC/Clang (and nvcc host code)
+}  // namespace detail
+
+/// Division by a divisor fixed at prewarm, as a multiply and a shift (Granlund and Montgomery:
+/// with 2^(l-1) < d <= 2^l and m = ceil(2^(63+l) / d), floor(n / d) = floor(n * m / 2^(63+l))
+/// for every n < 2^63). Replaces the hardware division of the per-element locate.
+struct invariant_divisor {
+  std::uint64_t multiplier = std::uint64_t{1} << 63;  ///< m (below 2^64)
+  std::uint32_t shift = 63;                           ///< 63 + l
+
+  /// The divisor `d` (1 <= d < 2^63).
+  static invariant_divisor of(std::uint64_t d) noexcept {
+    std::uint32_t l = 0;
+    while (l < 63 && (std::uint64_t{1} << l) < d) ++l;
+    invariant_divisor v;
+    const detail::uint128_t top = static_cast<detail::uint128_t>(1) << (63 + l);
+    v.multiplier = static_cast<std::uint64_t>((top + d - 1) / d);
+    v.shift = 63 + l;
+    return v;
+  }
+
+  /// floor(n / d) for n < 2^63.
+  DCR_HOST_DEVICE std::uint64_t divide(std::uint64_t n) const noexcept {
+#if DCR_DEVICE_COMPILE && defined(__CUDA_ARCH__)
+    const std::uint64_t hi = __umul64hi(n, multiplier);
+    return shift == 63 ? (hi << 1) | ((n * multiplier) >> 63) : hi >> (shift - 64);
+#else
+    return static_cast<std::uint64_t>((static_cast<detail::uint128_t>(n) * multiplier) >> shift);
+#endif
+  }
+};
+
+/// One compiled placement: a strided set of canonical elements of one tensor and where each
+/// lands in storage. Canonical index i in [first, last] is an element of the record iff
+/// locate(i - first, off) succeeds; it is stored at dst + off * dst_bytes, through
+/// `transform`. Trivially copyable, so a device kernel can take an array of them.
+struct placement {
+  view_inverse inv;
+  std::int64_t first = 0;          ///< canonical index of the lowest element
+  std::int64_t last = 0;           ///< first + inv.span: the highest canonical index reached
+  std::byte* dst = nullptr;        ///< storage address of dst offset 0
+  element_transform transform{};   ///< applied to each canonical word
+  std::uint8_t dst_bytes = 0;      ///< storage word width
+  tensor_id tensor = 0;            ///< the canonical tensor
+  std::uint32_t copies = 1;        ///< loader copies merged into this record
+  std::array<invariant_divisor, max_rank> divisors{};  ///< by inv.src_stride[i] (finalize())
+
+  /// Sets the divisors from the inverse's strides; call after any change of `inv`.
+  void finalize() noexcept {
+    for (int i = 0; i < inv.dims; ++i)
+      divisors[static_cast<std::size_t>(i)] =
+          invariant_divisor::of(static_cast<std::uint64_t>(inv.src_stride[static_cast<std::size_t>(i)]));
+  }
+
+  /// view_inverse::locate with the divisions replaced by multiplications: if canonical index
+  /// first + rel (rel in [0, last - first]) is an element of the record, stores its dst offset.
+  DCR_HOST_DEVICE bool locate(std::int64_t rel, std::int64_t& dst_off) const noexcept {
+    if (inv.identity) {
+      dst_off = rel;
+      return true;
+    }
+    auto r = static_cast<std::uint64_t>(rel);
+    std::int64_t off = inv.dst_origin;
+    for (int i = 0; i < inv.dims; ++i) {
+      const std::uint64_t q = divisors[static_cast<std::size_t>(i)].divide(r);
+      if (q >= static_cast<std::uint64_t>(inv.extent[static_cast<std::size_t>(i)])) return false;
+      r -= q * static_cast<std::uint64_t>(inv.src_stride[static_cast<std::size_t>(i)]);
+      off += static_cast<std::int64_t>(q) * inv.dst_step[static_cast<std::size_t>(i)];
+    }
+    if (r != 0) return false;
+    dst_off = off;
+    return true;
+  }
+
+  /// Storage address of the element at dst offset `off`.
+  [[nodiscard]] DCR_HOST_DEVICE std::byte* address(std::int64_t off) const noexcept {
+    return dst + off * static_cast<std::int64_t>(dst_bytes);
+  }
+};
+
+static_assert(std::is_trivially_copyable_v<placement>);
+
+/// The placement report of one canonical tensor on this rank.
+struct tensor_placement {
+  tensor_id tensor = 0;
+  std::string_view name;          ///< lives in the registry
+  bool skipped = false;           ///< the loader skips the tensor on this rank
+  std::uint64_t copies = 0;       ///< loader copies per load (empty ones included)
+  std::uint64_t placements = 0;   ///< compiled records after merging runs of copies
+  std::uint64_t elements = 0;     ///< destination elements one dense load writes
+  bool overwrite_only = false;    ///< xor/ulp records for it are refused
+  std::string reason;             ///< why it is overwrite-only ("" otherwise)
+  std::uint32_t first_placement = 0;  ///< its records: placements()[first, first + placements)
+};
+
+namespace detail {
+
+/// Whether `n` bytes at `p` are all zero (8 bytes at a time, OR-reduced per block).
+inline bool all_zero(const std::byte* p, std::size_t n) noexcept {
+  std::size_t i = 0;
+  while (i + 8 <= n) {
+    std::uint64_t acc = 0;
+    const std::size_t block_end = std::min(n - n % 8, i + 4096);
+    for (; i < block_end; i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      acc |= w;
+    }
+    if (acc != 0) return false;
+  }
+  for (; i < n; ++i)
+    if (p[i] != std::byte{0}) return false;
+  return true;
+}
+
+/// Equal copy geometry: the same inverse (strides, extents, dst steps, origin, span).
+constexpr bool same_geometry(const view_inverse& a, const view_inverse& b) noexcept {
+  if (a.dims != b.dims || a.dst_origin != b.dst_origin || a.span != b.span) return false;
+  for (int i = 0; i < a.dims; ++i)
+    if (a.src_stride[i] != b.src_stride[i] || a.extent[i] != b.extent[i] ||
+        a.dst_step[i] != b.dst_step[i])
+      return false;
+  return true;
+}
+
+inline bool same_record(const placement& a, const placement& b) noexcept {
+  return a.first == b.first && a.dst == b.dst && a.dst_bytes == b.dst_bytes &&
+         a.transform == b.transform && same_geometry(a.inv, b.inv);
+}
+
+/// The sink compile_placement() runs the loader with: validates each copy like delta_sink and
+/// records one placement per non-empty copy.
+template <storage_word W>
+class placement_probe {
+ public:
+  using sink_concept = sink_tag;
+  using word_type = W;
+
+  void begin(const canonical_tensor& t, tensor_id id, const W* scratch,
+             std::vector<placement>* out) {
+    current_ = load_record{t.name, 0, 0, false};
+    type_ = t.type;
+    id_ = id;
+    base_ = scratch;
+    numel_ = t.numel();
+    out_ = out;
+  }
+
+  void copy(tensor_view<W> dst, tensor_view<const W> src) {
+    copy(dst, src, element_transform::identity());
+  }
+
+  template <storage_word D>
+  void copy(tensor_view<D> dst, tensor_view<const W> src, element_transform transform) {
+    check_copy_after_skip(current_);
+    check_copy_shapes(current_, dst, src);
+    check_transform<W, D>(transform, type_, copy_where(current_));
+    if (src.size() != 0) {
+      const auto c = locate_copy(current_, base_, numel_, dst, src);
+      placement p;
+      p.inv = c.inv;
+      p.first = c.first;
+      p.last = c.first + c.inv.span;
+      p.dst = reinterpret_cast<std::byte*>(dst.data());
+      p.transform = transform;
+      p.dst_bytes = static_cast<std::uint8_t>(sizeof(D));
+      p.tensor = id_;
+      out_->push_back(p);
+      current_.elements += static_cast<std::uint64_t>(src.size());
+    }
+    ++current_.copies;
+  }
+
+  void skip(const canonical_tensor& t) {
+    check_skip_target(current_, t);
+    current_.skipped = true;
+  }
+
+  load_record finish() {
+    check_copy_or_skip(current_);
+    return current_;
+  }
+
+ private:
+  load_record current_;
+  dtype type_ = dtype::u8;
+  tensor_id id_ = 0;
+  const W* base_ = nullptr;
+  std::int64_t numel_ = 0;
+  std::vector<placement>* out_ = nullptr;
+};
+
+static_assert(sink_for<placement_probe<std::uint16_t>, std::uint16_t>);
+
+/// Merges runs of consecutive records (same geometry, width and transform) whose canonical
+/// first index and storage base advance by constant steps S and T, with S beyond the record's
+/// span, into one record with an extra outermost dimension. Returns the new end.
+inline std::size_t merge_runs(std::vector<placement>& ps, std::size_t begin, std::size_t end) {
+  std::size_t out = begin;
+  std::size_t i = begin;
+  while (i < end) {
+    placement head = ps[i];
+    std::size_t n = 1;
+    std::int64_t step_src = 0, step_dst = 0;  // S (canonical) and T (dst words)
+    const auto db = static_cast<std::int64_t>(head.dst_bytes);
+    while (i + n < end && head.inv.dims < max_rank) {
+      const placement& q = ps[i + n];
+      if (q.dst_bytes != head.dst_bytes || q.transform != head.transform ||
+          !same_geometry(q.inv, head.inv))
+        break;
+      const std::int64_t byte_step = static_cast<std::int64_t>(
+          reinterpret_cast<std::uintptr_t>(q.dst) - reinterpret_cast<std::uintptr_t>(head.dst));
+      if (n == 1) {
+        if (byte_step % db != 0 || q.first - head.first <= head.inv.span) break;
+        step_src = q.first - head.first;
+        step_dst = byte_step / db;
+      } else if (q.first != head.first + static_cast<std::int64_t>(n) * step_src ||
+                 byte_step != static_cast<std::int64_t>(n) * step_dst * db) {
+        break;
+      }
+      ++n;
+    }
+    if (n > 1) {
+      view_inverse& inv = head.inv;
+      for (int d = inv.dims; d > 0; --d) {
+        inv.src_stride[d] = inv.src_stride[d - 1];
+        inv.extent[d] = inv.extent[d - 1];
+        inv.dst_step[d] = inv.dst_step[d - 1];
+      }
+      inv.src_stride[0] = step_src;
+      inv.extent[0] = static_cast<std::int64_t>(n);
+      inv.dst_step[0] = step_dst;
+      ++inv.dims;
+      inv.span += (static_cast<std::int64_t>(n) - 1) * step_src;
+      inv.update_identity();
+      head.last = head.first + inv.span;
+      head.copies = static_cast<std::uint32_t>(n);
+    }
+    ps[out++] = head;
+    i += n;
+  }
+  return out;
+}
+
+/// Lowest and one-past-highest storage byte a record writes.
+inline void byte_window(const placement& p, std::uintptr_t& lo, std::uintptr_t& hi) noexcept {
+  std::int64_t min_off = p.inv.dst_origin, max_off = p.inv.dst_origin;
+  for (int i = 0; i < p.inv.dims; ++i) {
+    const std::int64_t reach = p.inv.dst_step[i] * (p.inv.extent[i] - 1);
+    (reach < 0 ? min_off : max_off) += reach;
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(p.dst);
+  const auto db = static_cast<std::int64_t>(p.dst_bytes);
+  lo = base + static_cast<std::uintptr_t>(min_off * db);
+  hi = base + static_cast<std::uintptr_t>((max_off + 1) * db);
+}
+
+/// Whether a record's destination elements are pairwise distinct (provably, by strides).
+inline bool dst_non_overlapping(const placement& p) noexcept {
+  return is_non_overlapping_layout(p.inv.extent.data(), p.inv.dst_step.data(), p.inv.dims);
+}
+
+/// Per-tensor overwrite-only marks collected by the write analysis.
+struct overlap_marks {
+  std::vector<std::string> reason;  // by tensor id, first reason found
+  void mark(tensor_id id, std::string why) {
+    if (reason[id].empty()) reason[id] = std::move(why);
+  }
+};
+
+/// Two writes of the same destination element: the same canonical element again (or a tie),
+/// else an error. `a`, `b`: the records; `ia`, `ib`: canonical indices.
+inline void classify_repeat(const tensor_registry& reg, overlap_marks& marks, const placement& a,
+                            std::int64_t ia, const placement& b, std::int64_t ib,
+                            bool same_element_bytes) {
+  const canonical_tensor& ta = reg.at(a.tensor);
+  const canonical_tensor& tb = reg.at(b.tensor);
+  const bool same_value = same_element_bytes && ia == ib && a.transform == b.transform &&
+                          ta.type == tb.type;
+  if (same_value && a.tensor == b.tensor) {
+    marks.mark(a.tensor, "writes destination elements more than once (an xor would cancel)");
+    return;
+  }
+  if (same_value) {
+    marks.mark(a.tensor, "shares destination storage with '" + tb.name + "' (tied)");
+    marks.mark(b.tensor, "shares destination storage with '" + ta.name + "' (tied)");
+    return;
+  }
+  const std::string what = a.tensor == b.tensor
+                               ? "tensor '" + ta.name + "' writes elements " + std::to_string(ia) +
+                                     " and " + std::to_string(ib)
+                               : "tensor '" + ta.name + "' element " + std::to_string(ia) +
+                                     " and tensor '" + tb.name + "' element " + std::to_string(ib);
+  throw error(errc::unsupported_loader_path,
+              "dcr loader: " + what +
+                  " into overlapping destination bytes; each destination element must come from "
+                  "one canonical element (only the same element, or the same element of a tied "
+                  "tensor, may be written twice)");
+}
+
+/// Byte-exact analysis of the records of one address-window cluster that may overlap.
+inline void analyze_cluster(const tensor_registry& reg, overlap_marks& marks,
+                            std::span<const placement* const> cluster, std::uintptr_t lo,
+                            std::uintptr_t hi, std::vector<std::uint64_t>& seen,
+                            std::vector<std::uint64_t>& multi) {
+  // Unit: the gcd of every word width and base offset, so each element covers whole units.
+  std::uint64_t g = 0;
+  for (const placement* p : cluster) {
+    std::uintptr_t p_lo = 0, p_hi = 0;
+    byte_window(*p, p_lo, p_hi);
+    g = std::gcd(g, static_cast<std::uint64_t>(p->dst_bytes));
+    g = std::gcd(g, static_cast<std::uint64_t>(p_lo - lo));
+  }
+  const std::uint64_t units = (hi - lo) / g;
+  const std::size_t words = static_cast<std::size_t>((units + 63) / 64);
+  seen.assign(words, 0);
+  multi.assign(words, 0);
+  bool any = false;
+  for (const placement* p : cluster) {
+    const auto base = reinterpret_cast<std::uintptr_t>(p->dst) - lo;
+    const std::uint64_t per = p->dst_bytes / g;
+    p->inv.for_each([&](std::int64_t, std::int64_t off) {
+      const std::uint64_t u0 =
+          (base + static_cast<std::uint64_t>(off * static_cast<std::int64_t>(p->dst_bytes))) / g;
+      for (std::uint64_t u = u0; u < u0 + per; ++u) {
+        const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+        if (seen[u / 64] & bit) {
+          multi[u / 64] |= bit;
+          any = true;
+        } else {
+          seen[u / 64] |= bit;
+        }
+      }
+    });
+  }
+  if (!any) return;
+  // Second pass over the elements that touch a repeatedly written unit only.
+  struct entry {
+    std::uintptr_t addr;
+    const placement* p;
+    std::int64_t index;
+  };
+  std::vector<entry> entries;
+  for (const placement* p : cluster) {
+    const auto base = reinterpret_cast<std::uintptr_t>(p->dst) - lo;
+    const std::uint64_t per = p->dst_bytes / g;
+    p->inv.for_each([&](std::int64_t rel, std::int64_t off) {
+      const std::uint64_t rel_addr =
+          base + static_cast<std::uint64_t>(off * static_cast<std::int64_t>(p->dst_bytes));
+      const std::uint64_t u0 = rel_addr / g;
+      for (std::uint64_t u = u0; u < u0 + per; ++u)
+        if (multi[u / 64] & (std::uint64_t{1} << (u % 64))) {
+          entries.push_back({lo + rel_addr, p, p->first + rel});
+          break;
+        }
+    });
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const entry& a, const entry& b) { return a.addr < b.addr; });
+  std::size_t head = 0;  // first entry of the current group of overlapping writes
+  std::uintptr_t group_end = 0;
+  for (std::size_t k = 0; k < entries.size(); ++k) {
+    const entry& e = entries[k];
+    if (k > 0 && e.addr < group_end) {
+      const entry& h = entries[head];
+      classify_repeat(reg, marks, *h.p, h.index, *e.p, e.index,
+                      e.addr == h.addr && e.p->dst_bytes == h.p->dst_bytes);
+      group_end = std::max<std::uintptr_t>(group_end, e.addr + e.p->dst_bytes);
+    } else {
+      head = k;
+      group_end = e.addr + e.p->dst_bytes;
+    }
+  }
+}
+
+/// Finds every destination element written more than once across the whole plan and marks or
+/// rejects it (see the file comment).
+inline void analyze_writes(const tensor_registry& reg, std::span<const placement> all,
+                           overlap_marks& marks) {
+  // 1. Structurally repeated records (same first, geometry, dst, width, transform): the same
+  //    canonical index lands on the same element; resolved without touching elements.
+  std::vector<const placement*> order;
+  order.reserve(all.size());
+  for (const placement& p : all) order.push_back(&p);
+  const auto key_less = [](const placement* a, const placement* b) {
+    if (a->dst != b->dst) return std::less<>{}(a->dst, b->dst);
+    if (a->first != b->first) return a->first < b->first;
+    if (a->inv.span != b->inv.span) return a->inv.span < b->inv.span;
+    return a->tensor < b->tensor;
+  };
+  std::sort(order.begin(), order.end(), key_less);
+  std::vector<const placement*> unique;
+  unique.reserve(order.size());
+  for (const placement* p : order) {
+    bool repeated = false;
+    for (auto it = unique.rbegin(); it != unique.rend() && (*it)->dst == p->dst; ++it)
+      if (same_record(**it, *p)) {
+        classify_repeat(reg, marks, **it, (*it)->first, *p, p->first, true);
+        repeated = true;
+        break;
+      }
+    if (!repeated) unique.push_back(p);
+  }
+  // 2. Clusters of records whose byte windows intersect; only those (and records whose own
+  //    destination may overlap itself) need the byte-exact check.
+  struct window {
+    std::uintptr_t lo, hi;
+    const placement* p;
+  };
+  std::vector<window> windows;
+  windows.reserve(unique.size());
+  for (const placement* p : unique) {
+    window w{0, 0, p};
+    byte_window(*p, w.lo, w.hi);
+    windows.push_back(w);
+  }
+  std::sort(windows.begin(), windows.end(),
+            [](const window& a, const window& b) { return a.lo < b.lo; });
+  std::vector<const placement*> cluster;
+  std::vector<std::uint64_t> seen, multi;
+  for (std::size_t i = 0; i < windows.size();) {
+    std::uintptr_t hi = windows[i].hi;
+    std::size_t j = i + 1;
+    while (j < windows.size() && windows[j].lo < hi) hi = std::max(hi, windows[j++].hi);
+    if (j - i > 1 || !dst_non_overlapping(*windows[i].p)) {
+      cluster.clear();
+      for (std::size_t k = i; k < j; ++k) cluster.push_back(windows[k].p);
+      analyze_cluster(reg, marks, cluster, windows[i].lo, hi, seen, multi);
+    }
+    i = j;
+  }
+}
+
+}  // namespace detail
+
+/// The compiled placement of every canonical tensor on one rank (see the file comment).
+class placement_plan {
+ public:
+  /// Every record, grouped by tensor id (each tensor's records in the loader's copy order).
+  [[nodiscard]] std::span<const placement> placements() const noexcept { return placements_; }
+
+  /// The records of tensor `id`.
+  [[nodiscard]] std::span<const placement> placements_of(tensor_id id) const {
+    const auto& t = at(id);
+    return std::span<const placement>(placements_).subspan(t.first_placement,
+                                                          static_cast<std::size_t>(t.placements));
+  }
+
+  /// The report of tensor `id`; throws errc::unknown_tensor for an id outside the registry.
+  [[nodiscard]] const tensor_placement& at(tensor_id id) const {
+    DCR_EXPECTS(id < tensors_.size(), errc::unknown_tensor,
+                "placement_plan: no tensor with id " + std::to_string(id));
+    return tensors_[id];
+  }
+
+  /// The report of every tensor, by id.
+  [[nodiscard]] std::span<const tensor_placement> report() const noexcept { return tensors_; }
+
+  /// Ids of the overwrite-only tensors, ascending.
+  [[nodiscard]] std::span<const tensor_id> overwrite_only_tensors() const noexcept {
+    return overwrite_only_;
+  }
+
+  [[nodiscard]] bool skips(tensor_id id) const { return at(id).skipped; }
+  [[nodiscard]] bool overwrite_only(tensor_id id) const { return at(id).overwrite_only; }
+  [[nodiscard]] std::size_t size() const noexcept { return tensors_.size(); }
+
+ private:
+  template <class Loader>
+    requires loader<Loader>
+  friend placement_plan compile_placement(const tensor_registry& registry, Loader& loader,
+                                          std::byte* scratch, std::size_t scratch_bytes);
+
+  std::vector<placement> placements_;
+  std::vector<tensor_placement> tensors_;
+  std::vector<tensor_id> overwrite_only_;
+};
+
+/// Compiles the placement of `loader` for every tensor of `registry` (see the file comment).
+/// `scratch` must hold at least registry.max_tensor_bytes() zero bytes, 8-byte aligned; it is
+/// only read through views (and checked to be still zero after each load). Throws
+/// errc::unsupported_loader_path or errc::dtype_mismatch naming the tensor for a loader that
+/// breaks a condition. Cost: two loader calls per tensor, plus a pass over the destination
+/// elements of copies whose address windows intersect.
+template <class Loader>
+  requires loader<Loader>
+placement_plan compile_placement(const tensor_registry& registry, Loader& loader,
+                                 std::byte* scratch, std::size_t scratch_bytes) {
+  DCR_EXPECTS(scratch_bytes >= static_cast<std::size_t>(registry.max_tensor_bytes()),
+              errc::invalid_argument, "compile_placement: scratch smaller than the largest tensor");
+  placement_plan plan;
+  const auto tensors = registry.tensors();
+  plan.tensors_.resize(tensors.size());
+  std::vector<placement> again;
+  for (std::size_t id = 0; id < tensors.size(); ++id) {
+    const canonical_tensor& t = tensors[id];
+    tensor_placement& rep = plan.tensors_[id];
+    rep.tensor = static_cast<tensor_id>(id);
+    rep.name = t.name;
+    const std::size_t begin = plan.placements_.size();
+    // The loader must not write into its src: after each load, what its copies read is zero.
+    const auto check_src_untouched = [&](std::span<const placement> records) {
+      std::int64_t lo = t.numel(), hi = 0;
+      for (const placement& p : records) {
+        lo = std::min(lo, p.first);
+        hi = std::max(hi, p.last + 1);
+      }
+      const auto word = static_cast<std::int64_t>(dtype_size(t.type));
+      DCR_EXPECTS(lo >= hi || detail::all_zero(scratch + lo * word,
+                                               static_cast<std::size_t>((hi - lo) * word)),
+                  errc::unsupported_loader_path,
+                  "dcr loader: load() of tensor '" + t.name +
+                      "' modified its src (the loader must only read the canonical tensor)");
+    };
+    visit_word(dtype_size(t.type), [&](auto w) {
+      using W = decltype(w);
+      const W* base = reinterpret_cast<const W*>(scratch);
+      const auto view = tensor_view<const W>::contiguous(base, t.shape);
+      detail::placement_probe<W> probe;
+      probe.begin(t, rep.tensor, base, &plan.placements_);
+      loader.load(t, view, probe);
+      const load_record first = probe.finish();
+      check_src_untouched(std::span<const placement>(plan.placements_).subspan(begin));
+      again.clear();
+      probe.begin(t, rep.tensor, base, &again);
+      loader.load(t, view, probe);
+      const load_record second = probe.finish();
+      check_src_untouched(again);
+      bool same = first.copies == second.copies && first.skipped == second.skipped &&
+                  again.size() == plan.placements_.size() - begin;
+      for (std::size_t k = 0; same && k < again.size(); ++k)
+        same = detail::same_record(again[k], plan.placements_[begin + k]);
+      DCR_EXPECTS(same, errc::unsupported_loader_path,
+                  "dcr loader: two loads of tensor '" + t.name +
+                      "' issued different copies (loaders must be deterministic)");
+      rep.skipped = first.skipped;
+      rep.copies = first.copies;
+      rep.elements = first.elements;
+    });
+    const std::size_t end = detail::merge_runs(plan.placements_, begin, plan.placements_.size());
+    plan.placements_.resize(end);
+    for (std::size_t k = begin; k < end; ++k) plan.placements_[k].finalize();
+    rep.first_placement = static_cast<std::uint32_t>(begin);
+    rep.placements = end - begin;
+  }
+
+  detail::overlap_marks marks;
+  marks.reason.resize(tensors.size());
+  for (const placement& p : plan.placements_)
+    if (!p.transform.preserves_bits())
+      marks.mark(p.tensor, "copies through " + transform_name(p.transform) +
+                               ", which does not preserve bits");
+  detail::analyze_writes(registry, plan.placements_, marks);
+  for (std::size_t id = 0; id < tensors.size(); ++id) {
+    tensor_placement& rep = plan.tensors_[id];
+    rep.overwrite_only = !marks.reason[id].empty();
+    rep.reason = std::move(marks.reason[id]);
+    if (rep.overwrite_only) plan.overwrite_only_.push_back(rep.tensor);
+  }
+  return plan;
+}
+
+namespace detail {
+
+inline void prefetch_for_write(const void* p) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 1);
+#else
+  (void)p;
+#endif
+}
+
+/// Applies the records in [k_begin, k_end) of one item to one placement: E::apply on a
+/// bit-preserving record, T::apply(value) (overwrite) through a cast. Returns the writes.
+/// Appends a write_record per write when `log` is not null.
+template <class E, class T, storage_word W, storage_word D>
+std::uint64_t apply_placement(const placement& p, const std::uint64_t* active,
+                              const W* values, std::size_t k_begin, std::size_t k_end,
+                              std::string_view tensor, std::vector<write_record>* log) {
+  D* const out = reinterpret_cast<D*>(p.dst);
+  std::uint64_t writes = 0;
+  auto write = [&](std::size_t k, std::int64_t off) {
+    const D before = out[off];
+    D after;
+    if constexpr (T::kind == cast_kind::identity)
+      after = E::apply(before, values[k]);
+    else
+      after = T::apply(values[k]);
+    out[off] = after;
+    ++writes;
+    if (log != nullptr)
+      log->push_back(write_record{reinterpret_cast<std::byte*>(out + off), before, values[k],
+                                  active[k], tensor, E::id, p.transform, sizeof(W), sizeof(D)});
+  };
+  // Storage words are written at scattered addresses, so the loop is bound by cache misses:
+  // locate a batch first, prefetching each destination, then read-modify-write the batch.
+  constexpr std::size_t batch = 32;
+  std::int64_t offs[batch];
+  std::size_t ks[batch];
+  for (std::size_t k = k_begin; k < k_end;) {
+    std::size_t n = 0;
+    if (p.inv.identity) {
+      for (; k < k_end && n < batch; ++k, ++n) {
+        offs[n] = static_cast<std::int64_t>(active[k]) - p.first;
+        ks[n] = k;
+        prefetch_for_write(out + offs[n]);
+      }
+    } else {
+      for (; k < k_end && n < batch; ++k) {
+        std::int64_t off = 0;
+        if (!p.locate(static_cast<std::int64_t>(active[k]) - p.first, off)) continue;
+        offs[n] = off;
+        ks[n++] = k;
+        prefetch_for_write(out + off);
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) write(ks[i], offs[i]);
+  }
+  return writes;
+}
+
+}  // namespace detail
+
+}  // namespace dcr
