@@ -1,11 +1,18 @@
-// dcr/refit/owner.hpp: the owner side of a transition: detect, project, encode, pack.
+// dcr/refit/owner.hpp: the owner side of a transition: detect, project or convert, encode, pack.
 //
-// An owner is the one data-parallel replica that compares a set of source shards (its affine
-// tasks) with its trackers, the committed version-v words of those shards. For each attempt it
-// turns the changed words of the candidate shards into items (one per canonical tensor it
-// touches, indices sorted), packs them into payloads, and after the joint commit updates its
-// trackers in place. Candidate weights stay fixed for the whole transition, so a retry rebuilds
-// exactly the same changed set (with overwrite records).
+// An owner is the one data-parallel replica that compares a set of source shards with its
+// trackers, the committed version-v words of those shards. Its affine tasks (refit/task.hpp)
+// have their changed words projected straight to canonical coordinates; its residual tasks
+// (refit/residual.hpp) have the canonical tensors that depend on a changed input rebuilt and
+// compared with the residual baseline, the committed canonical tensors. For each attempt the
+// owner turns both kinds of change into items (one per canonical tensor it touches, indices
+// sorted, in tensor id order), packs them into payloads, and after the joint commit updates its
+// trackers and residual baseline in place. Candidate weights stay fixed for the whole
+// transition, so a retry rebuilds exactly the same changed set (with overwrite records).
+//
+// Shards are passed as byte spans: `candidates[i]` (or `committed[i]`) for tasks()[i], and the
+// residual inputs flattened in task order, `residual_inputs` = the inputs of residual_tasks()[0],
+// then those of residual_tasks()[1], and so on (residual_input_count() spans in all).
 #pragma once
 
 #include <algorithm>
@@ -17,67 +24,160 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dcr/codec/choose.hpp"
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/values.hpp"
 #include "dcr/detect/detect.hpp"
+#include "dcr/refit/residual.hpp"
 #include "dcr/refit/task.hpp"
 
 namespace dcr {
 
 /// Timings and counts of one build_items() call.
 struct owner_stats {
-  std::uint64_t compared_bytes = 0;    ///< candidate bytes compared with trackers
-  std::uint64_t changed_elements = 0;  ///< source elements whose stored words changed
-  std::uint64_t items = 0;             ///< items emitted (canonical tensors touched)
-  double detect_seconds = 0;           ///< comparison
+  // Affine tasks.
+  std::uint64_t compared_bytes = 0;    ///< candidate bytes of affine shards compared with trackers
+  std::uint64_t changed_elements = 0;  ///< source elements of affine shards whose words changed
+  double detect_seconds = 0;           ///< comparison of affine shards
   double project_seconds = 0;          ///< projection to canonical coordinates and sorting
-  double encode_seconds = 0;           ///< values in the item encoding
+  // Residual tasks.
+  std::uint64_t residual_compared_bytes = 0;   ///< input bytes compared with committed copies
+  std::uint64_t residual_changed_inputs = 0;   ///< inputs flagged changed
+  std::uint64_t residual_conversions = 0;      ///< outputs rebuilt (selected by the flags)
+  std::uint64_t residual_converted_bytes = 0;  ///< canonical bytes rebuilt and compared
+  std::uint64_t residual_changed_elements = 0; ///< rebuilt elements that differ from the baseline
+  double residual_detect_seconds = 0;          ///< input comparison (change flags)
+  double convert_seconds = 0;                  ///< the conversion callables
+  double residual_compare_seconds = 0;         ///< rebuilt outputs vs the residual baseline
+  // Both.
+  std::uint64_t items = 0;            ///< items emitted (canonical tensors touched)
+  std::uint64_t residual_items = 0;   ///< of which built by residual tasks
+  std::uint64_t forced_overwrite_items = 0;  ///< affine items sent as overwrite because a
+                                             ///< receiver takes the tensor only that way
+  double encode_seconds = 0;          ///< choosing encodings and encoding values
 };
 
 class owner {
  public:
-  /// An owner with id `id` (unique among all owners of the model) holding `tasks`.
-  owner(const tensor_registry& registry, std::uint32_t id, std::vector<affine_task> tasks)
-      : registry_(&registry), id_(id), tasks_(std::move(tasks)) {
+  /// An owner with id `id` (unique among all owners of the model) holding affine `tasks` and
+  /// `residual` tasks. Validates the set (validate_task_set): every task against the registry,
+  /// and every residual output produced by this owner's one residual task only.
+  owner(const tensor_registry& registry, std::uint32_t id, std::vector<affine_task> tasks,
+        std::vector<residual_task> residual = {})
+      : registry_(&registry), id_(id), tasks_(std::move(tasks)), residual_(std::move(residual)) {
+    validate_task_set(registry, tasks_, residual_);
     trackers_.resize(tasks_.size());
     changed_.resize(tasks_.size());
-    for (const auto& t : tasks_) {
-      validate_task(t, registry);
-      for (auto target : t.targets)
-        if (!slot_of_.contains(target)) {
-          slot_of_.emplace(target, static_cast<std::uint32_t>(targets_.size()));
-          targets_.push_back(target);
-        }
+    for (const auto& t : tasks_)
+      for (auto target : t.targets) add_slot(target, false);
+    residual_state_.resize(residual_.size());
+    std::size_t max_output = 0;
+    for (std::size_t r = 0; r < residual_.size(); ++r) {
+      const auto& task = residual_[r];
+      auto& st = residual_state_[r];
+      st.first_input = residual_input_count_;
+      residual_input_count_ += task.inputs.size();
+      st.input_copies.resize(task.inputs.size());
+      st.changed_inputs.resize(task.inputs.size());
+      st.baseline.resize(task.outputs.size());
+      st.selected.assign(task.outputs.size(), 0);
+      for (const auto& out : task.outputs) {
+        st.output_slot.push_back(add_slot(out.tensor, true));
+        max_output = std::max(max_output,
+                              static_cast<std::size_t>(registry.at(out.tensor).bytes()));
+      }
     }
+    scratch_.resize(max_output);
     records_.resize(targets_.size());
+    overwrite_only_.assign(targets_.size(), 0);
+    slot_order_.resize(targets_.size());
+    std::iota(slot_order_.begin(), slot_order_.end(), 0u);
+    std::sort(slot_order_.begin(), slot_order_.end(),
+              [&](auto a, auto b) { return targets_[a] < targets_[b]; });
   }
 
   [[nodiscard]] std::uint32_t id() const noexcept { return id_; }
   [[nodiscard]] std::span<const affine_task> tasks() const noexcept { return tasks_; }
-  /// Bytes of tracker memory (one copy of every owned shard).
+  [[nodiscard]] std::span<const residual_task> residual_tasks() const noexcept {
+    return residual_;
+  }
+  /// Number of residual input spans build_items(), initialize() and commit() expect.
+  [[nodiscard]] std::size_t residual_input_count() const noexcept { return residual_input_count_; }
+
+  /// Bytes of tracker memory: one copy of every owned shard, affine shards and residual inputs.
   [[nodiscard]] std::uint64_t tracker_bytes() const noexcept {
     std::uint64_t b = 0;
     for (const auto& t : trackers_) b += t.size();
+    for (const auto& st : residual_state_)
+      for (const auto& c : st.input_copies) b += c.size();
+    return b;
+  }
+  /// Bytes of the residual baseline: the committed canonical tensors of the residual tasks.
+  [[nodiscard]] std::uint64_t residual_baseline_bytes() const noexcept {
+    std::uint64_t b = 0;
+    for (const auto& st : residual_state_)
+      for (const auto& o : st.baseline) b += o.size();
     return b;
   }
 
-  /// Sets every tracker to the committed words of its task (committed[i] for tasks()[i]).
-  void initialize(std::span<const std::span<const std::byte>> committed) {
+  /// Sets every tracker to the committed words of its task (committed[i] for tasks()[i]) and
+  /// every residual input copy to `residual_committed` (flattened, see the file comment), then
+  /// builds the residual baseline by converting every residual output from those inputs.
+  void initialize(std::span<const std::span<const std::byte>> committed,
+                  std::span<const std::span<const std::byte>> residual_committed = {}) {
     check_inputs(committed, "initialize");
+    check_residual_inputs(residual_committed, "initialize");
+    initialized_ = false;
+    built_ = false;
     for (std::size_t i = 0; i < tasks_.size(); ++i)
       trackers_[i].assign(committed[i].begin(), committed[i].end());
+    for (std::size_t r = 0; r < residual_.size(); ++r) {
+      const auto& task = residual_[r];
+      auto& st = residual_state_[r];
+      const auto inputs = residual_committed.subspan(st.first_input, task.inputs.size());
+      for (std::size_t k = 0; k < inputs.size(); ++k)
+        st.input_copies[k].assign(inputs[k].begin(), inputs[k].end());
+      for (std::size_t o = 0; o < task.outputs.size(); ++o) {
+        const auto bytes = registry_->at(task.outputs[o].tensor).bytes();
+        st.baseline[o].resize(static_cast<std::size_t>(bytes));
+        task.convert(o, inputs, st.baseline[o]);
+      }
+    }
     initialized_ = true;
   }
 
-  /// Compares candidates[i] with the tracker of tasks()[i] and emits one item per canonical
-  /// tensor touched, in tensor id order, with sorted indices, encoded as `policy` permits:
-  /// overwrite_only -> overwrite; otherwise xor (ulp for ulp_only) where the task is
-  /// delta_encodable, overwrite elsewhere. Remembers the changed set for commit().
-  const std::vector<item>& build_items(std::span<const std::span<const std::byte>> candidates,
-                                       encoding_policy policy) {
+  /// Receivers that can take tensors only as overwrite records (the union of
+  /// receiver_endpoint::overwrite_only_tensors() over the receivers of a transition; any order).
+  /// Replaces the previous set; tensors this owner does not produce are ignored. Throws
+  /// unknown_tensor for an id outside the registry.
+  void set_overwrite_only(std::span<const tensor_id> tensors) {
+    for (auto id : tensors)
+      DCR_EXPECTS(id < registry_->size(), errc::unknown_tensor,
+                  "owner::set_overwrite_only: tensor id " + std::to_string(id) +
+                      " is not in the registry (" + std::to_string(registry_->size()) +
+                      " tensors)");
+    std::fill(overwrite_only_.begin(), overwrite_only_.end(), std::uint8_t{0});
+    for (auto id : tensors)
+      if (auto it = slot_of_.find(id); it != slot_of_.end()) overwrite_only_[it->second] = 1;
+  }
+
+  /// Compares candidates[i] with the tracker of tasks()[i], rebuilds the residual outputs whose
+  /// inputs changed and compares them with the residual baseline, and emits one item per
+  /// canonical tensor touched, in tensor id order, with sorted indices. Encodings (see
+  /// dcr::choose_encoding): residual items and affine items of overwrite-only tensors are
+  /// overwrites; other affine items are deltas only where `policy` permits and every
+  /// contributing task is delta_encodable, the encoding chosen per item (`codec` tunes the
+  /// estimate). Remembers the changed set for commit(). Throws on mismatched shards (nothing
+  /// committed changes) and propagates a conversion's exception.
+  const std::vector<item>& build_items(
+      std::span<const std::span<const std::byte>> candidates, encoding_policy policy,
+      std::span<const std::span<const std::byte>> residual_inputs = {},
+      const codec_options& codec = {}) {
     DCR_EXPECTS(initialized_, errc::not_ready, "owner::build_items before initialize");
     check_inputs(candidates, "build_items");
+    check_residual_inputs(residual_inputs, "build_items");
+    built_ = false;
     stats_ = {};
     for (auto& r : records_) r.clear();
     items_.clear();
@@ -87,7 +187,8 @@ class owner {
       changed_[i].clear();
       visit_word(dtype_size(tasks_[i].type), [&](auto w) {
         using W = decltype(w);
-        detect_changes<W>(words_of<W>(trackers_[i]), words_of<W>(candidates[i]), changed_[i]);
+        detect_changes<W>(words_of<W>(std::span<const std::byte>(trackers_[i])),
+                          words_of<W>(candidates[i]), changed_[i]);
       });
       stats_.compared_bytes += candidates[i].size();
       stats_.changed_elements += changed_[i].size();
@@ -96,27 +197,31 @@ class owner {
     for (std::size_t i = 0; i < tasks_.size(); ++i) project(i, candidates[i]);
     for (auto& r : records_) r.sort_by_index();
     auto t2 = clock::now();
+    stats_.detect_seconds = seconds(t1 - t0);
+    stats_.project_seconds = seconds(t2 - t1);
 
-    std::vector<std::uint32_t> order(targets_.size());
-    std::iota(order.begin(), order.end(), 0u);
-    std::sort(order.begin(), order.end(),
-              [&](auto a, auto b) { return targets_[a] < targets_[b]; });
-    for (auto slot : order) {
+    for (std::size_t r = 0; r < residual_.size(); ++r) build_residual(r, residual_inputs);
+
+    auto t3 = clock::now();
+    for (auto slot : slot_order_) {
       const auto& r = records_[slot];
       if (r.indices.empty()) continue;
       const auto& t = registry_->at(targets_[slot]);
-      const encoding enc = choose_encoding(policy, r.delta_encodable);
+      const bool residual = slot_residual_[slot] != 0;
+      const bool forced = !residual && overwrite_only_[slot] != 0;
+      const bool delta_permitted = !residual && !forced && r.delta_encodable;
       visit_word(dtype_size(t.type), [&](auto w) {
         using W = decltype(w);
+        const encoding enc = dcr::choose_encoding<W>(policy, delta_permitted, r.old_words<W>(),
+                                                     r.new_words<W>(), codec);
         items_.push_back(make_item<W>(targets_[slot], t.type, enc, r.indices, r.old_words<W>(),
                                       r.new_words<W>()));
       });
+      stats_.residual_items += residual ? 1 : 0;
+      stats_.forced_overwrite_items += forced && r.delta_encodable ? 1 : 0;
     }
-    auto t3 = clock::now();
     stats_.items = items_.size();
-    stats_.detect_seconds = seconds(t1 - t0);
-    stats_.project_seconds = seconds(t2 - t1);
-    stats_.encode_seconds = seconds(t3 - t2);
+    stats_.encode_seconds = seconds(clock::now() - t3);
     built_ = true;
     return items_;
   }
@@ -125,21 +230,47 @@ class owner {
   [[nodiscard]] const owner_stats& stats() const noexcept { return stats_; }
 
   /// After the joint commit: writes the changed words of the candidates (the same ones the last
-  /// build_items() saw) into the trackers, in place. Only changed words are touched.
-  void commit(std::span<const std::span<const std::byte>> candidates) {
+  /// build_items() saw) into the trackers and residual input copies, and the changed elements of
+  /// the rebuilt residual outputs into the residual baseline, in place. Only changed words are
+  /// touched.
+  void commit(std::span<const std::span<const std::byte>> candidates,
+              std::span<const std::span<const std::byte>> residual_inputs = {}) {
     DCR_EXPECTS(built_, errc::not_ready, "owner::commit without a built changed set");
     check_inputs(candidates, "commit");
-    for (std::size_t i = 0; i < tasks_.size(); ++i) {
-      const std::size_t wb = dtype_size(tasks_[i].type);
-      std::byte* dst = trackers_[i].data();
-      const std::byte* src = candidates[i].data();
-      for (auto j : changed_[i]) std::memcpy(dst + j * wb, src + j * wb, wb);
+    check_residual_inputs(residual_inputs, "commit");
+    for (std::size_t i = 0; i < tasks_.size(); ++i)
+      copy_words(trackers_[i], candidates[i], changed_[i], dtype_size(tasks_[i].type));
+    for (std::size_t r = 0; r < residual_.size(); ++r) {
+      const auto& task = residual_[r];
+      auto& st = residual_state_[r];
+      for (std::size_t k = 0; k < task.inputs.size(); ++k)
+        copy_words(st.input_copies[k], residual_inputs[st.first_input + k], st.changed_inputs[k],
+                   dtype_size(task.inputs[k].type));
+      for (std::size_t o = 0; o < task.outputs.size(); ++o) {
+        if (!st.selected[o]) continue;
+        const record_buffer& rec = records_[st.output_slot[o]];
+        const std::size_t wb = rec.word_bytes;
+        std::byte* dst = st.baseline[o].data();
+        for (std::size_t k = 0; k < rec.indices.size(); ++k)
+          std::memcpy(dst + rec.indices[k] * wb, rec.new_bytes.data() + k * wb, wb);
+      }
     }
     built_ = false;
   }
 
   /// The committed words of task i (the tracker).
   [[nodiscard]] std::span<const std::byte> tracker(std::size_t i) const { return trackers_.at(i); }
+  /// The committed words of input `input` of residual task `task`.
+  [[nodiscard]] std::span<const std::byte> residual_input_copy(std::size_t task,
+                                                               std::size_t input) const {
+    return residual_state_.at(task).input_copies.at(input);
+  }
+  /// The residual baseline of output `output` of residual task `task`: the committed canonical
+  /// tensor.
+  [[nodiscard]] std::span<const std::byte> residual_baseline(std::size_t task,
+                                                             std::size_t output) const {
+    return residual_state_.at(task).baseline.at(output);
+  }
 
  private:
   using clock = std::chrono::steady_clock;
@@ -187,15 +318,91 @@ class owner {
     }
   };
 
-  static encoding choose_encoding(encoding_policy policy, bool delta_encodable) {
-    if (policy == encoding_policy::overwrite_only || !delta_encodable) return encoding::overwrite;
-    if (policy == encoding_policy::ulp_only) return encoding::ulp;
-    return encoding::xor_mask;
+  /// A residual task's committed state and the change flags of the current build.
+  struct residual_state {
+    std::size_t first_input = 0;                             // in the flattened input list
+    std::vector<std::vector<std::byte>> input_copies;        // committed input words
+    std::vector<std::vector<std::uint64_t>> changed_inputs;  // per input: changed word indices
+    std::vector<std::vector<std::byte>> baseline;            // per output: committed tensor
+    std::vector<std::uint32_t> output_slot;                  // per output: record slot
+    std::vector<std::uint8_t> selected;                      // per output: rebuilt this build
+  };
+
+  std::uint32_t add_slot(tensor_id target, bool residual) {
+    if (auto it = slot_of_.find(target); it != slot_of_.end()) return it->second;
+    const auto slot = static_cast<std::uint32_t>(targets_.size());
+    slot_of_.emplace(target, slot);
+    targets_.push_back(target);
+    slot_residual_.push_back(residual ? 1 : 0);
+    return slot;
   }
 
-  template <storage_word W>
-  static std::span<const W> words_of(std::span<const std::byte> bytes) {
-    return {reinterpret_cast<const W*>(bytes.data()), bytes.size() / sizeof(W)};
+  static void copy_words(std::vector<std::byte>& dst, std::span<const std::byte> src,
+                         std::span<const std::uint64_t> changed, std::size_t word_bytes) {
+    std::byte* d = dst.data();
+    const std::byte* s = src.data();
+    for (auto j : changed) std::memcpy(d + j * word_bytes, s + j * word_bytes, word_bytes);
+  }
+
+  // Residual task r: change flags from its inputs, then every selected output rebuilt into
+  // scratch and compared with its baseline; the differing elements become the records of the
+  // output's slot (indices sorted by construction, overwrite only).
+  void build_residual(std::size_t r, std::span<const std::span<const std::byte>> residual_inputs) {
+    const auto& task = residual_[r];
+    auto& st = residual_state_[r];
+    const auto inputs = residual_inputs.subspan(st.first_input, task.inputs.size());
+
+    const auto f0 = clock::now();
+    for (std::size_t k = 0; k < task.inputs.size(); ++k) {
+      st.changed_inputs[k].clear();
+      visit_word(dtype_size(task.inputs[k].type), [&](auto w) {
+        using W = decltype(w);
+        detect_changes<W>(words_of<W>(std::span<const std::byte>(st.input_copies[k])),
+                          words_of<W>(inputs[k]), st.changed_inputs[k]);
+      });
+      stats_.residual_compared_bytes += inputs[k].size();
+      stats_.residual_changed_inputs += st.changed_inputs[k].empty() ? 0 : 1;
+    }
+    for (std::size_t o = 0; o < task.outputs.size(); ++o) {
+      bool selected = false;
+      for (std::size_t k = 0; k < task.inputs.size() && !selected; ++k)
+        selected = !st.changed_inputs[k].empty() && task.depends(o, k);
+      st.selected[o] = selected ? 1 : 0;
+    }
+    stats_.residual_detect_seconds += seconds(clock::now() - f0);
+
+    for (std::size_t o = 0; o < task.outputs.size(); ++o) {
+      if (!st.selected[o]) continue;
+      const auto& t = registry_->at(task.outputs[o].tensor);
+      const std::span<std::byte> out(scratch_.data(), static_cast<std::size_t>(t.bytes()));
+      const auto c0 = clock::now();
+      task.convert(o, inputs, out);
+      const auto c1 = clock::now();
+      record_buffer& rec = records_[st.output_slot[o]];
+      const std::size_t wb = dtype_size(t.type);
+      rec.word_bytes = wb;
+      rec.delta_encodable = false;
+      visit_word(wb, [&](auto w) {
+        using W = decltype(w);
+        const auto committed = words_of<W>(std::span<const std::byte>(st.baseline[o]));
+        const auto rebuilt = words_of<W>(std::span<const std::byte>(out));
+        detect_changes<W>(committed, rebuilt, rec.indices);
+        const std::size_t n = rec.indices.size();
+        rec.old_bytes.resize(n * wb);
+        rec.new_bytes.resize(n * wb);
+        W* old_words = reinterpret_cast<W*>(rec.old_bytes.data());
+        W* new_words = reinterpret_cast<W*>(rec.new_bytes.data());
+        for (std::size_t k = 0; k < n; ++k) {
+          old_words[k] = committed[rec.indices[k]];
+          new_words[k] = rebuilt[rec.indices[k]];
+        }
+      });
+      stats_.residual_conversions += 1;
+      stats_.residual_converted_bytes += out.size();
+      stats_.residual_changed_elements += rec.indices.size();
+      stats_.convert_seconds += seconds(c1 - c0);
+      stats_.residual_compare_seconds += seconds(clock::now() - c1);
+    }
   }
 
   // Projects task i's changed local indices to canonical coordinates and appends (index, old,
@@ -257,12 +464,37 @@ class owner {
                       std::to_string(tasks_[i].bytes()));
   }
 
+  void check_residual_inputs(std::span<const std::span<const std::byte>> inputs,
+                             const char* what) const {
+    DCR_EXPECTS(inputs.size() == residual_input_count_, errc::invalid_argument,
+                std::string("owner::") + what + ": expected " +
+                    std::to_string(residual_input_count_) + " residual inputs, got " +
+                    std::to_string(inputs.size()));
+    for (std::size_t r = 0; r < residual_.size(); ++r) {
+      const auto& task = residual_[r];
+      for (std::size_t k = 0; k < task.inputs.size(); ++k) {
+        const auto bytes = inputs[residual_state_[r].first_input + k].size();
+        DCR_EXPECTS(bytes == task.inputs[k].bytes(), errc::shape_mismatch,
+                    std::string("owner::") + what + ": residual task '" + task.name +
+                        "' input '" + task.inputs[k].name + "' has " + std::to_string(bytes) +
+                        " bytes, expected " + std::to_string(task.inputs[k].bytes()));
+      }
+    }
+  }
+
   const tensor_registry* registry_;
   std::uint32_t id_;
   std::vector<affine_task> tasks_;
+  std::vector<residual_task> residual_;
   std::vector<std::vector<std::byte>> trackers_;
   std::vector<std::vector<std::uint64_t>> changed_;  // per task: changed local indices
+  std::vector<residual_state> residual_state_;
+  std::size_t residual_input_count_ = 0;
+  std::vector<std::byte> scratch_;                    // one rebuilt residual output at a time
   std::vector<tensor_id> targets_;                    // distinct targets, first-seen order
+  std::vector<std::uint8_t> slot_residual_;           // per slot: built by a residual task
+  std::vector<std::uint8_t> overwrite_only_;          // per slot: a receiver takes overwrites only
+  std::vector<std::uint32_t> slot_order_;             // slots in tensor id order
   std::unordered_map<tensor_id, std::uint32_t> slot_of_;
   std::vector<record_buffer> records_;
   std::vector<record_buffer*> part_records_;  // project(): part -> record buffer

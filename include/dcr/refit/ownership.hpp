@@ -5,6 +5,13 @@
 // its tracker and emits its records. The assignment depends only on shard names, sizes and
 // holders, so every rank computes the same plan without talking to the others, and it stays
 // fixed across the attempts of a transition (a retry re-sends exactly the failed attempt's set).
+//
+// Residual tasks (dcr/refit/residual.hpp) are owned differently: their canonical tensors must be
+// built from every input, so the owner is picked by the stable hash of the task's name among the
+// ranks that can see all its inputs (residual_owner). In one process every owner sees every
+// shard; a distributed deployment gathers the task's inputs to that owner before conversion
+// (the same gather a dense refit does for those tensors), and only that rank keeps the task's
+// input copies and residual baseline.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +19,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dcr/canonical.hpp"
@@ -67,6 +75,45 @@ inline std::vector<std::uint32_t> assign_owners(std::span<const shard_holding> s
     owner[i] = best;
     load[best] += shards[i].bytes;
   }
+  return owner;
+}
+
+/// The owner of residual task `task_name` among the ranks `eligible` to own it (those that see,
+/// or can gather, every input; any order, duplicates ignored, non-empty): the
+/// (stable_name_hash(task_name) % n)-th of the distinct eligible ranks in increasing order. Every
+/// rank computes the same answer from the name alone, and it stays fixed while the eligible set
+/// does.
+inline std::uint32_t residual_owner(std::string_view task_name,
+                                    std::span<const std::uint32_t> eligible) {
+  DCR_EXPECTS(!eligible.empty(), errc::invalid_argument,
+              "residual_owner: residual task '" + std::string(task_name) +
+                  "' has no eligible owner");
+  std::vector<std::uint32_t> ranks(eligible.begin(), eligible.end());
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks[stable_name_hash(task_name) % ranks.size()];
+}
+
+/// A residual task as ownership sees it.
+struct residual_holding {
+  std::string name;                     ///< the residual task's name, unique across the model
+  std::vector<std::uint32_t> eligible;  ///< ranks that can own it (non-empty)
+};
+
+/// residual_owner for each task; result[i] is the owner rank of tasks[i]. Throws on duplicate
+/// task names (two tasks would be told apart only by their order).
+inline std::vector<std::uint32_t> assign_residual_owners(std::span<const residual_holding> tasks) {
+  std::vector<std::string_view> names;
+  names.reserve(tasks.size());
+  for (const auto& t : tasks) names.push_back(t.name);
+  std::sort(names.begin(), names.end());
+  const auto dup = std::adjacent_find(names.begin(), names.end());
+  DCR_EXPECTS(dup == names.end(), errc::invalid_argument,
+              "assign_residual_owners: duplicate residual task name '" +
+                  (dup == names.end() ? std::string() : std::string(*dup)) + "'");
+  std::vector<std::uint32_t> owner(tasks.size());
+  for (std::size_t i = 0; i < tasks.size(); ++i)
+    owner[i] = residual_owner(tasks[i].name, tasks[i].eligible);
   return owner;
 }
 
