@@ -1,4 +1,4 @@
-// tools/dcr/simulate.cpp: `dcr simulate` (see simulate.hpp and docs/overview.md).
+// tools/dcr/simulate.cpp: `dcr simulate` (see simulate.hpp and docs/simulate.md).
 #include "simulate.hpp"
 
 #include <fmt/core.h>
@@ -20,9 +20,11 @@ double seconds_since(clock_type::time_point t) {
 
 constexpr const char* usage = R"(usage: dcr simulate [options]
 
-End-to-end refit of a synthetic MoE model (trainer TP x DP with row/column splits and stacked
-experts -> receivers with their own TP, fused QKV and gate/up), verified bit for bit against a
-dense refit through the same engine loader after every step.
+End-to-end refit of a synthetic MoE model from a Megatron-style trainer (TP x DP: fused QKV
+converted by a residual task, fused gate/up, row/column splits, stacked experts) to serving
+ranks with their own TP and a vLLM-style layout (fused qkv and gate_up, padded vocab-parallel
+embeddings, fp32/bf16 norm copies, transposed router, expert parallel), verified bit for bit
+against a dense refit through the same engine loader after every step.
 
 options:
   --size BYTES          model size, suffix K/M/G allowed (default 1G)
@@ -33,7 +35,13 @@ options:
   --trainer-tp N        trainer tensor-parallel degree (default 2)
   --trainer-dp N        trainer data-parallel replicas (default 2)
   --receiver-tp N       serving ranks, each with its own tensor-parallel slice (default 4)
-  --encoding E          mixed | xor | overwrite (default mixed)
+  --layout L            serving | plain: both sides' layouts at once (default serving:
+                        Megatron trainer, serving engine)
+  --trainer-layout L    megatron | plain (overrides --layout for the trainer)
+  --engine-layout L     serving | plain (overrides --layout for the receivers)
+  --tie T               none | omit-lm-head | store-both: tied embeddings (default none)
+  --apply-path P        compiled | general (default compiled)
+  --encoding E          mixed | xor | ulp | overwrite (default mixed)
   --level N             zstd level (default 1)
   --bucket-mb N         raw record MB per payload (default 64)
   --fault F             none | duplicate | corrupt | drop-receiver (default none)
@@ -75,6 +83,17 @@ const char* policy_name(dcr::encoding_policy p) {
   return "?";
 }
 
+/// Changed canonical elements of an attempt: changed words of affine shards plus changed
+/// elements of rebuilt residual outputs (a fused QKV change shows up as a canonical change).
+std::uint64_t changed_elements(const dcr::attempt_report& a) {
+  return a.changed_elements + a.residual_changed_elements;
+}
+
+/// Owner time spent on residual tasks: change flags, conversions, compares with the baseline.
+double residual_seconds(const dcr::attempt_report& a) {
+  return a.residual_detect_seconds + a.convert_seconds + a.residual_compare_seconds;
+}
+
 }  // namespace
 
 int simulate_main(const std::vector<std::string>& argv) {
@@ -91,6 +110,12 @@ int simulate_main(const std::vector<std::string>& argv) {
   const int trainer_tp = static_cast<int>(args.integer("--trainer-tp", 2));
   const int trainer_dp = static_cast<int>(args.integer("--trainer-dp", 2));
   const int receiver_tp = static_cast<int>(args.integer("--receiver-tp", 4));
+  const auto layout_text = args.value("--layout", "serving");
+  const auto trainer_layout_text =
+      args.value("--trainer-layout", layout_text == "plain" ? "plain" : "megatron");
+  const auto engine_layout_text = args.value("--engine-layout", layout_text);
+  const auto tie_text = args.value("--tie", "none");
+  const auto apply_path_text = args.value("--apply-path", "compiled");
   const auto encoding_text = args.value("--encoding", "mixed");
   const int level = static_cast<int>(args.integer("--level", 1));
   const auto bucket_mb = args.integer("--bucket-mb", 64);
@@ -109,11 +134,30 @@ int simulate_main(const std::vector<std::string>& argv) {
   if (trainer_tp < 1 || trainer_dp < 1 || receiver_tp < 1)
     throw usage_error("--trainer-tp, --trainer-dp and --receiver-tp must be >= 1");
   if (bucket_mb < 1) throw usage_error("--bucket-mb must be >= 1");
+  if (layout_text != "serving" && layout_text != "plain")
+    throw usage_error("--layout must be serving or plain");
+  dcr::sim::trainer_layout trainer_layout = dcr::sim::trainer_layout::megatron;
+  if (trainer_layout_text == "plain") trainer_layout = dcr::sim::trainer_layout::plain;
+  else if (trainer_layout_text != "megatron")
+    throw usage_error("--trainer-layout must be megatron or plain");
+  dcr::sim::engine_layout engine_layout = dcr::sim::engine_layout::serving;
+  if (engine_layout_text == "plain") engine_layout = dcr::sim::engine_layout::plain;
+  else if (engine_layout_text != "serving")
+    throw usage_error("--engine-layout must be serving or plain");
+  dcr::sim::embedding_tie tie = dcr::sim::embedding_tie::none;
+  if (tie_text == "omit-lm-head") tie = dcr::sim::embedding_tie::omit_lm_head;
+  else if (tie_text == "store-both") tie = dcr::sim::embedding_tie::store_both;
+  else if (tie_text != "none") throw usage_error("--tie must be none, omit-lm-head or store-both");
+  dcr::apply_path path = dcr::apply_path::compiled;
+  if (apply_path_text == "general") path = dcr::apply_path::general;
+  else if (apply_path_text != "compiled")
+    throw usage_error("--apply-path must be compiled or general");
   dcr::refit_options options;
   if (encoding_text == "mixed") options.policy = dcr::encoding_policy::mixed;
   else if (encoding_text == "xor") options.policy = dcr::encoding_policy::xor_only;
+  else if (encoding_text == "ulp") options.policy = dcr::encoding_policy::ulp_only;
   else if (encoding_text == "overwrite") options.policy = dcr::encoding_policy::overwrite_only;
-  else throw usage_error("--encoding must be mixed, xor or overwrite");
+  else throw usage_error("--encoding must be mixed, xor, ulp or overwrite");
   options.codec.zstd_level = level;
   options.bucket_bytes = static_cast<std::size_t>(bucket_mb) << 20;
   if (fault_text != "none" && fault_text != "duplicate" && fault_text != "corrupt" &&
@@ -124,6 +168,10 @@ int simulate_main(const std::vector<std::string>& argv) {
   const auto setup_start = clock_type::now();
   dcr::sim::deployment_options setup;
   setup.model = dcr::sim::moe_config::for_bytes(size, *type);
+  setup.model.tie_embeddings = tie;
+  setup.trainer = trainer_layout;
+  setup.engine = engine_layout;
+  setup.path = path;
   setup.trainer_tp = trainer_tp;
   setup.trainer_dp = trainer_dp;
   setup.receiver_tp = receiver_tp;
@@ -135,14 +183,22 @@ int simulate_main(const std::vector<std::string>& argv) {
   const double setup_seconds = seconds_since(setup_start);
 
   const auto checkpoint_bytes = static_cast<std::uint64_t>(registry.total_bytes());
+  const dcr::task_coverage coverage = deployment.coverage();
+  const auto overwrite_only = deployment.overwrite_only_tensors();
+  const std::size_t residual_tasks = deployment.trainer().residual().size();
   if (!json) {
     fmt::print("dcr simulate: {} canonical tensors, {:.1f} MB {} checkpoint ({} layers, hidden {}, "
-               "{} experts)\n",
+               "{} experts, tied embeddings: {})\n",
                registry.size(), checkpoint_bytes / 1e6, dcr::dtype_name(config.type),
-               config.layers, config.hidden, config.experts);
-    fmt::print("  trainer TP={} DP={} ({} owners), receivers TP={} (fused qkv, gate_up, expert "
-               "parallel), change rate {}, setup {:.2f} s\n",
-               trainer_tp, trainer_dp, deployment.owner_count(), receiver_tp, rate, setup_seconds);
+               config.layers, config.hidden, config.experts, dcr::sim::tie_name(tie));
+    fmt::print("  trainer TP={} DP={} {} layout ({} owners, {} residual tasks, affine share {:.2f}% "
+               "of checkpoint bytes)\n",
+               trainer_tp, trainer_dp, dcr::sim::layout_name(trainer_layout),
+               deployment.owner_count(), residual_tasks, 100.0 * coverage.affine_share());
+    fmt::print("  receivers TP={} {} layout, {} apply path ({} overwrite-only tensors), change "
+               "rate {}, setup {:.2f} s\n",
+               receiver_tp, dcr::sim::layout_name(engine_layout), apply_path_text,
+               overwrite_only.size(), rate, setup_seconds);
   }
 
   // ---- Steps.
@@ -174,15 +230,13 @@ int simulate_main(const std::vector<std::string>& argv) {
     all_ok = all_ok && res.bit_exact;
 
     if (!json) {
-      const auto& last = res.report.attempts.back();
       std::uint64_t bytes = 0;
       for (const auto& a : res.report.attempts) bytes += a.payload_bytes;
+      const std::uint64_t changed = changed_elements(res.report.attempts.back());
       fmt::print("step {:>3}: {:>11} changed  {:>12} payload bytes  {:.3f} B/changed  "
                  "{} attempt(s)  {}{}\n",
-                 step, last.changed_elements, bytes,
-                 last.changed_elements ? static_cast<double>(bytes) / last.changed_elements : 0.0,
-                 res.report.attempts.size(),
-                 res.bit_exact ? "bit-exact" : "MISMATCH",
+                 step, changed, bytes, changed ? static_cast<double>(bytes) / changed : 0.0,
+                 res.report.attempts.size(), res.bit_exact ? "bit-exact" : "MISMATCH",
                  res.mismatch.empty() ? "" : " (" + res.mismatch + ")");
       for (const auto& a : res.report.attempts)
         if (!a.failure.empty())
@@ -198,10 +252,21 @@ int simulate_main(const std::vector<std::string>& argv) {
                        registry.size());
     out += fmt::format("  \"config\": {{\"dtype\": \"{}\", \"layers\": {}, \"hidden\": {}, \"experts\": {}, "
                        "\"trainer_tp\": {}, \"trainer_dp\": {}, \"receiver_tp\": {}, \"change_rate\": {}, "
-                       "\"seed\": {}, \"encoding\": \"{}\", \"zstd_level\": {}}},\n",
+                       "\"seed\": {}, \"encoding\": \"{}\", \"zstd_level\": {}, "
+                       "\"trainer_layout\": \"{}\", \"engine_layout\": \"{}\", "
+                       "\"tie_embeddings\": \"{}\", \"apply_path\": \"{}\"}},\n",
                        dcr::dtype_name(config.type), config.layers, config.hidden, config.experts,
                        trainer_tp, trainer_dp, receiver_tp, rate, seed,
-                       policy_name(options.policy), level);
+                       policy_name(options.policy), level, dcr::sim::layout_name(trainer_layout),
+                       dcr::sim::layout_name(engine_layout), dcr::sim::tie_name(tie),
+                       apply_path_text);
+    out += fmt::format("  \"apply_path\": \"{}\",\n  \"affine_share\": {:.6f},\n"
+                       "  \"coverage\": {{\"affine_bytes\": {}, \"residual_bytes\": {}, "
+                       "\"uncovered_bytes\": {}}},\n  \"residual_tasks\": {},\n"
+                       "  \"overwrite_only_tensors\": {},\n",
+                       apply_path_text, coverage.affine_share(), coverage.affine_bytes,
+                       coverage.residual_bytes, coverage.uncovered_bytes, residual_tasks,
+                       overwrite_only.size());
     out += fmt::format("  \"setup_seconds\": {:.6f},\n  \"steps\": [", setup_seconds);
     for (std::size_t k = 0; k < results.size(); ++k) {
       const auto& r = results[k];
@@ -211,19 +276,23 @@ int simulate_main(const std::vector<std::string>& argv) {
         payloads += a.payloads;
       }
       const auto& last = r.report.attempts.back();
+      const std::uint64_t changed = changed_elements(last);
       out += fmt::format(
           "{}\n    {{\"step\": {}, \"bit_exact\": {}, \"committed\": {}, \"attempts\": {}, "
-          "\"payloads\": {}, \"payload_bytes\": {}, \"changed_elements\": {}, \"records\": {}, "
+          "\"payloads\": {}, \"payload_bytes\": {}, \"changed_elements\": {}, "
+          "\"residual_changed_elements\": {}, \"records\": {}, \"residual_items\": {}, "
+          "\"forced_overwrite_items\": {}, "
           "\"bytes_per_changed\": {:.6f}, \"ratio_to_checkpoint\": {:.8f}, "
-          "\"seconds\": {{\"detect\": {:.6f}, \"project\": {:.6f}, \"encode\": {:.6f}, "
-          "\"compress\": {:.6f}, \"apply\": {:.6f}, \"commit\": {:.6f}, \"verify\": {:.6f}, "
-          "\"step\": {:.6f}}}, \"failures\": [",
+          "\"seconds\": {{\"detect\": {:.6f}, \"project\": {:.6f}, \"residual\": {:.6f}, "
+          "\"encode\": {:.6f}, \"compress\": {:.6f}, \"apply\": {:.6f}, \"commit\": {:.6f}, "
+          "\"verify\": {:.6f}, \"step\": {:.6f}}}, \"failures\": [",
           k ? "," : "", r.step, r.bit_exact, r.committed, r.report.attempts.size(), payloads,
-          bytes, last.changed_elements, last.records,
-          last.changed_elements ? static_cast<double>(bytes) / last.changed_elements : 0.0,
+          bytes, changed, last.residual_changed_elements, last.records, last.residual_items,
+          last.forced_overwrite_items,
+          changed ? static_cast<double>(bytes) / changed : 0.0,
           static_cast<double>(bytes) / checkpoint_bytes, last.detect_seconds, last.project_seconds,
-          last.encode_seconds, last.compress_seconds, last.apply_seconds, last.commit_seconds,
-          r.verify_seconds, r.wall_seconds);
+          residual_seconds(last), last.encode_seconds, last.compress_seconds, last.apply_seconds,
+          last.commit_seconds, r.verify_seconds, r.wall_seconds);
       bool first = true;
       for (const auto& a : r.report.attempts)
         if (!a.failure.empty()) {
@@ -238,24 +307,30 @@ int simulate_main(const std::vector<std::string>& argv) {
     fmt::print("{}", out);
   } else if (!results.empty()) {
     std::uint64_t changed = 0, bytes = 0, records = 0;
-    double detect = 0, project = 0, encode = 0, compress = 0, apply = 0, commit = 0, verify = 0;
+    double detect = 0, project = 0, residual = 0, encode = 0, compress = 0, apply = 0, commit = 0,
+           verify = 0;
     for (const auto& r : results) {
       for (const auto& a : r.report.attempts) {
         bytes += a.payload_bytes;
         detect += a.detect_seconds;
         project += a.project_seconds;
+        residual += residual_seconds(a);
         encode += a.encode_seconds;
         compress += a.compress_seconds;
         apply += a.apply_seconds;
         commit += a.commit_seconds;
       }
-      changed += r.report.attempts.back().changed_elements;
+      changed += changed_elements(r.report.attempts.back());
       records += r.report.attempts.back().records;
       verify += r.verify_seconds;
     }
     const double n = static_cast<double>(results.size());
     fmt::print("\nsummary over {} step(s)\n", results.size());
     fmt::print("  {:<34} {:>16}\n", "checkpoint bytes", checkpoint_bytes);
+    fmt::print("  {:<34} {:>15.2f}%\n", "affine share of checkpoint bytes",
+               100.0 * coverage.affine_share());
+    fmt::print("  {:<34} {:>16}\n", "overwrite-only tensors", overwrite_only.size());
+    fmt::print("  {:<34} {:>16}\n", "apply path", apply_path_text);
     fmt::print("  {:<34} {:>16.0f}\n", "changed elements / step", changed / n);
     fmt::print("  {:<34} {:>16.0f}\n", "records / step", records / n);
     fmt::print("  {:<34} {:>16.0f}\n", "payload bytes / step", bytes / n);
@@ -264,9 +339,10 @@ int simulate_main(const std::vector<std::string>& argv) {
     fmt::print("  {:<34} {:>15.3f}%\n", "payload / checkpoint", 100.0 * bytes / n / checkpoint_bytes);
     fmt::print("  {:<34} {:>15.1f}x\n", "fewer bytes than full checkpoint",
                bytes ? checkpoint_bytes * n / bytes : 0.0);
-    fmt::print("  stage seconds / step: detect {:.3f}  project {:.3f}  encode {:.3f}  compress {:.3f}"
-               "  apply {:.3f}  commit {:.3f}  (verify {:.3f})\n",
-               detect / n, project / n, encode / n, compress / n, apply / n, commit / n, verify / n);
+    fmt::print("  stage seconds / step: detect {:.3f}  project {:.3f}  residual {:.3f}  encode {:.3f}"
+               "  compress {:.3f}  apply {:.3f}  commit {:.3f}  (verify {:.3f})\n",
+               detect / n, project / n, residual / n, encode / n, compress / n, apply / n,
+               commit / n, verify / n);
     fmt::print("  result: {}\n", all_ok ? "every step bit-exact" : "NOT bit-exact");
   }
   return all_ok ? 0 : 1;

@@ -1,10 +1,19 @@
 // dcr/sim/deployment.hpp: a whole refit deployment in one process: the synthetic MoE trainer
-// (tp x dp ranks, owners chosen by dcr::assign_owners), serving ranks running the synthetic
-// engine's native loader, an in-memory transport and commit store. `dcr simulate`, the property
-// tests and the benchmarks all drive refits through it, and it can check every receiver against
-// a dense refit of the same candidate weights through the same loader.
+// (tp x dp ranks; affine shards owned by dcr::assign_owners, residual tasks by their name-hash
+// owner, dcr::assign_residual_owners), serving ranks running the synthetic engine's native loader
+// (compiled apply path by default), an in-memory transport and commit store. `dcr simulate`, the
+// property tests and the benchmarks all drive refits through it, and it can check every receiver
+// against a dense refit of the same candidate weights through the same loader.
+//
+// Defaults: Megatron trainer layout (fused QKV through a residual task, fused gate/up as a
+// two-part affine task) and the serving engine layout (padded vocab-parallel embeddings, tied
+// storage, cast norm copies, transposed router); trainer_layout::plain / engine_layout::plain
+// select the plain layouts. Receivers may use different engine layouts
+// (deployment_options::receiver_layouts); run_transition tells owners the union of the tensors
+// any receiver takes only as overwrites.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -26,6 +35,12 @@ struct deployment_options {
   int trainer_dp = 2;
   int receiver_tp = 4;
   std::uint64_t seed = 1;
+  trainer_layout trainer = trainer_layout::megatron;
+  engine_layout engine = engine_layout::serving;
+  /// Per receiver rank (size receiver_tp) when not empty; otherwise every receiver uses `engine`.
+  std::vector<engine_layout> receiver_layouts;
+  /// The receivers' apply path (switchable later with in_process_deployment::set_apply_path).
+  apply_path path = apply_path::compiled;
 };
 
 class in_process_deployment {
@@ -33,11 +48,19 @@ class in_process_deployment {
   using engine_receiver = receiver<moe_engine_loader>;
 
   /// Builds the trainer with synthetic version-0 weights. Call start() (after any edits to the
-  /// trainer's words through trainer()) to initialize trackers, load receivers densely and
-  /// create the commit record at version 0.
+  /// trainer's words through trainer()) to initialize trackers and residual baselines, load
+  /// receivers densely and create the commit record at version 0. Throws invalid_argument for
+  /// receiver_layouts of the wrong size.
   explicit in_process_deployment(const deployment_options& options)
       : options_(options), registry_(options.model.canonical_tensors()),
-        trainer_(options.model, registry_, options.trainer_tp, options.trainer_dp, options.seed) {
+        trainer_(options.model, registry_, options.trainer_tp, options.trainer_dp, options.seed,
+                 options.trainer) {
+    DCR_EXPECTS(options.receiver_layouts.empty() ||
+                    options.receiver_layouts.size() == static_cast<std::size_t>(options.receiver_tp),
+                errc::invalid_argument,
+                "deployment: receiver_layouts must be empty or name one layout per receiver");
+    DCR_EXPECTS(options.receiver_tp >= 1, errc::invalid_argument,
+                "deployment: receiver_tp must be >= 1");
     canonical_.resize(registry_.size());
     for (std::size_t id = 0; id < registry_.size(); ++id) {
       canonical_[id].resize(static_cast<std::size_t>(registry_.at(static_cast<tensor_id>(id)).bytes()));
@@ -50,23 +73,37 @@ class in_process_deployment {
   void start() {
     DCR_EXPECTS(!started_, errc::not_ready, "deployment: start() called twice");
     const auto shards = trainer_.shards();
+    const auto residual = trainer_.residual();
     const auto owner_of = trainer_.owners();
-    std::map<std::uint32_t, std::vector<std::size_t>> shards_of_owner;
-    for (std::size_t i = 0; i < shards.size(); ++i) shards_of_owner[owner_of[i]].push_back(i);
-    for (const auto& [rank, list] : shards_of_owner) {
+    const auto residual_owner_of = trainer_.residual_owners();
+    std::map<std::uint32_t, std::pair<std::vector<std::size_t>, std::vector<std::size_t>>> owned;
+    for (std::size_t i = 0; i < shards.size(); ++i) owned[owner_of[i]].first.push_back(i);
+    for (std::size_t r = 0; r < residual.size(); ++r)
+      owned[residual_owner_of[r]].second.push_back(r);
+    for (const auto& [rank, lists] : owned) {
       std::vector<affine_task> tasks;
-      std::vector<std::span<const std::byte>> words;
-      for (auto i : list) {
+      std::vector<residual_task> residual_tasks;
+      owner_binding binding{nullptr, {}, {}};
+      for (auto i : lists.first) {
         tasks.push_back(shards[i].task);
-        words.push_back(trainer_.words(i));
+        binding.candidates.push_back(trainer_.words(i));  // the trainer's live shards
       }
-      owners_.push_back(std::make_unique<owner>(registry_, rank, std::move(tasks)));
-      owners_.back()->initialize(words);
-      bindings_.push_back({owners_.back().get(), std::move(words)});  // the trainer's live shards
+      for (auto r : lists.second) {
+        residual_tasks.push_back(residual[r].task);
+        for (std::size_t k = 0; k < residual[r].task.inputs.size(); ++k)
+          binding.residual_inputs.push_back(trainer_.residual_words(r, k));
+      }
+      owners_.push_back(
+          std::make_unique<owner>(registry_, rank, std::move(tasks), std::move(residual_tasks)));
+      owners_.back()->initialize(binding.candidates, binding.residual_inputs);
+      binding.owner_ptr = owners_.back().get();
+      bindings_.push_back(std::move(binding));
     }
     trainer_.assemble_canonical(canonical_spans_);
     for (int r = 0; r < options_.receiver_tp; ++r) {
-      receivers_.push_back(std::make_unique<rank_state>(options_.model, options_.receiver_tp, r, registry_));
+      receivers_.push_back(std::make_unique<rank_state>(options_.model, options_.receiver_tp, r,
+                                                        receiver_layout(static_cast<std::size_t>(r)),
+                                                        registry_, options_.path, true));
       dense_load_all(receivers_.back()->rx);
       endpoints_.push_back(&receivers_.back()->rx);
     }
@@ -74,16 +111,46 @@ class in_process_deployment {
     started_ = true;
   }
 
+  [[nodiscard]] const deployment_options& options() const noexcept { return options_; }
   [[nodiscard]] const tensor_registry& registry() const noexcept { return registry_; }
   [[nodiscard]] synthetic_trainer& trainer() noexcept { return trainer_; }
   [[nodiscard]] memory_transport& transport() noexcept { return transport_; }
   [[nodiscard]] memory_commit_store& commits() noexcept { return commits_; }
   [[nodiscard]] std::size_t owner_count() const noexcept { return owners_.size(); }
+  [[nodiscard]] const owner& owner_at(std::size_t k) const { return *owners_.at(k); }
   [[nodiscard]] std::size_t receiver_count() const noexcept { return receivers_.size(); }
   [[nodiscard]] engine_receiver& receiver_at(std::size_t r) { return receivers_.at(r)->rx; }
   [[nodiscard]] moe_engine_storage& storage_at(std::size_t r) { return receivers_.at(r)->storage; }
+  /// The engine layout of receiver `r`.
+  [[nodiscard]] engine_layout receiver_layout(std::size_t r) const {
+    return options_.receiver_layouts.empty() ? options_.engine : options_.receiver_layouts.at(r);
+  }
   /// The committed version (the commit record's).
   [[nodiscard]] std::uint64_t version() const { return commits_.read()->version; }
+  /// Checkpoint bytes covered by the trainer's affine vs residual tasks.
+  [[nodiscard]] const task_coverage& coverage() const noexcept { return trainer_.coverage(); }
+
+  /// The union of every receiver's overwrite_only_tensors(), sorted (after start()).
+  [[nodiscard]] std::vector<tensor_id> overwrite_only_tensors() const {
+    std::vector<tensor_id> all;
+    for (const auto& s : receivers_) {
+      const auto only = s->rx.overwrite_only_tensors();
+      all.insert(all.end(), only.begin(), only.end());
+    }
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    return all;
+  }
+
+  /// Switches every receiver to apply path `path` from the next payload on.
+  void set_apply_path(apply_path path) {
+    options_.path = path;
+    for (auto& s : receivers_) {
+      auto o = s->rx.options();
+      o.path = path;
+      s->rx.set_options(o);
+    }
+  }
 
   /// Refits the trainer's current weights: runs the transition version() -> version() + 1.
   transition_report refit(const refit_options& options = {}, const fault_plan& faults = {}) {
@@ -97,15 +164,19 @@ class in_process_deployment {
     return report;
   }
 
-  /// Dense refit of the trainer's current weights through each receiver's own loader into
-  /// fresh (zeroed) storage, compared byte for byte with the receiver's storage. Returns "" when
-  /// every receiver matches, else "receiver R parameter P".
+  /// Dense refit of the trainer's current weights (affine shards scattered, residual outputs
+  /// converted) through each receiver's own loader into fresh storage, compared byte for byte
+  /// with the receiver's storage (padding included). Returns "" when every receiver matches,
+  /// else "receiver R parameter P".
   std::string verify_against_dense_refit() {
     trainer_.assemble_canonical(canonical_spans_);
     for (std::size_t r = 0; r < receivers_.size(); ++r) {
       auto& state = *receivers_[r];
-      if (!state.reference) state.reference = std::make_unique<rank_state>(options_.model, options_.receiver_tp, static_cast<int>(r), registry_);
-      state.reference->storage.zero();
+      if (!state.reference)
+        state.reference = std::make_unique<rank_state>(options_.model, options_.receiver_tp,
+                                                       static_cast<int>(r), receiver_layout(r),
+                                                       registry_, options_.path, false);
+      state.reference->storage.reset();
       dense_load_all(state.reference->rx);
       const auto diff = state.storage.first_difference(state.reference->storage);
       if (!diff.empty()) return "receiver " + std::to_string(r) + " parameter " + diff;
@@ -113,11 +184,22 @@ class in_process_deployment {
     return "";
   }
 
+  /// "" when no receiver's padding rows were ever written, else "receiver R parameter P".
+  [[nodiscard]] std::string first_written_padding() const {
+    for (std::size_t r = 0; r < receivers_.size(); ++r) {
+      const auto p = receivers_[r]->storage.first_written_padding();
+      if (!p.empty()) return "receiver " + std::to_string(r) + " parameter " + p;
+    }
+    return "";
+  }
+
  private:
   struct rank_state {
-    rank_state(const moe_config& c, int world, int rank, const tensor_registry& registry)
-        : storage(c, world, rank), loader(storage), rx(registry, loader) {
-      rx.prewarm();
+    rank_state(const moe_config& c, int world, int rank, engine_layout layout,
+               const tensor_registry& registry, apply_path path, bool prewarm)
+        : storage(c, world, rank, layout), loader(storage),
+          rx(registry, loader, apply_options{path, false}) {
+      if (prewarm) rx.prewarm();  // the dense-refit reference only loads densely
     }
     moe_engine_storage storage;
     moe_engine_loader loader;
