@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "checkpoint.hpp"
 #include "dcr/error.hpp"
 #include "simulate.hpp"
 
@@ -14,6 +15,10 @@ constexpr const char* usage = R"(usage: dcr <command> [options]
 
 commands:
   simulate    end-to-end refit of a synthetic MoE model, verified bit for bit each step
+  diff        write a delta file between two safetensors checkpoints
+  apply       apply a delta file to a checkpoint (to a new file or in place), verified
+  inspect     validate a delta file and show its tensors, digests, payloads and items
+  recover     finish an in-place apply that a crash interrupted
 
 Run `dcr <command> --help` for a command's options.
 )";
@@ -29,6 +34,10 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   try {
     if (command == "simulate") return dcr_tool::simulate_main(args);
+    if (command == "diff") return dcr_tool::diff_main(args);
+    if (command == "apply") return dcr_tool::apply_main(args);
+    if (command == "inspect") return dcr_tool::inspect_main(args);
+    if (command == "recover") return dcr_tool::recover_main(args);
     fmt::print(stderr, "dcr: unknown command '{}'\n{}", command, usage);
     return 2;
   } catch (const dcr_tool::usage_error& e) {

@@ -1,0 +1,1245 @@
+// dcr/io/checkpoint.hpp: the codec on whole safetensors checkpoints: diff two checkpoints into a
+// delta file, apply a delta to a base checkpoint (to a new file, or in place with crash
+// recovery), and recover an interrupted in-place apply. The `dcr diff|apply|recover` commands
+// are thin wrappers over these functions (docs/tool.md).
+//
+// Whole checkpoints use the codec with a single owner and the identity mapping: the canonical
+// tensors are the file's tensors, the registry is built from their names, dtypes and shapes, and
+// every changed element becomes a record of an item of its tensor.
+//
+// Guarantees:
+//   - diff reads each file once, tensor by tensor in cache-sized chunks (digest, compare and
+//     gather in one pass), and keeps at most about two payloads' records in raw form (one
+//     being filled by the scan, one being encoded by the worker thread; see checkpoint_differ).
+//     The delta's bytes depend on the options (policy, level, payload_records), not on the
+//     worker thread or on how the checkpoints are held.
+//   - apply refuses a base whose tensors differ from the delta's base (names, dtypes, shapes, or
+//     the XXH3-128 digest of any tensor's bytes) before creating anything, and publishes the
+//     output only after every result digest matched (temporary file, fsync, rename, fsync dir).
+//   - apply_in_place never leaves a partly applied file at the base path: the base path holds the
+//     old file, the new file, or (between the steps of in_place_step) nothing, while a journal
+//     beside it lets recover_in_place (or the next in-place apply) roll forward.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "dcr/canonical.hpp"
+#include "dcr/codec/choose.hpp"
+#include "dcr/codec/item.hpp"
+#include "dcr/codec/payload.hpp"
+#include "dcr/codec/values.hpp"
+#include "dcr/detect/detect.hpp"
+#include "dcr/dtype.hpp"
+#include "dcr/error.hpp"
+#include "dcr/io/delta.hpp"
+#include "dcr/io/file.hpp"
+#include "dcr/io/safetensors.hpp"
+
+namespace dcr::io {
+
+// ------------------------------------------------------------------------------------------------
+// Shared checks
+
+namespace detail {
+
+using clock = std::chrono::steady_clock;
+inline double seconds_since(clock::time_point t) {
+  return std::chrono::duration<double>(clock::now() - t).count();
+}
+
+inline std::string shape_string(std::span<const std::int64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace detail
+
+/// Throws unless `actual` holds exactly the tensors `expected` lists, with the same dtypes and
+/// shapes. The message names both files and lists the first differences (at most five) with
+/// their total; the code is that of the first difference: unknown_tensor (a tensor in only one
+/// of them), dtype_mismatch or shape_mismatch.
+inline void require_same_tensors(std::span<const canonical_tensor> expected,
+                                 std::string_view expected_what,
+                                 const safetensors_header& actual, std::string_view actual_what) {
+  std::vector<std::string> differences;
+  errc first = errc::ok;
+  const auto note = [&](errc code, std::string what) {
+    if (first == errc::ok) first = code;
+    if (differences.size() < 5) differences.push_back(std::move(what));
+    else differences.emplace_back();
+  };
+  std::unordered_map<std::string_view, const canonical_tensor*> by_name;
+  by_name.reserve(expected.size());
+  for (const auto& t : expected) by_name.emplace(t.name, &t);
+  std::vector<const canonical_tensor*> sorted;
+  for (const auto& t : expected) sorted.push_back(&t);
+  std::sort(sorted.begin(), sorted.end(), [](auto a, auto b) { return a->name < b->name; });
+  for (const auto* t : sorted) {
+    const auto* a = actual.find(t->name);
+    if (a == nullptr) {
+      note(errc::unknown_tensor, "'" + t->name + "' only in " + std::string(expected_what));
+    } else if (a->type != t->type) {
+      note(errc::dtype_mismatch, "'" + t->name + "' is " + std::string(dtype_name(t->type)) +
+                                     " in " + std::string(expected_what) + ", " +
+                                     std::string(dtype_name(a->type)) + " in " +
+                                     std::string(actual_what));
+    } else if (a->shape != t->shape) {
+      note(errc::shape_mismatch, "'" + t->name + "' has shape " + detail::shape_string(t->shape) +
+                                     " in " + std::string(expected_what) + ", " +
+                                     detail::shape_string(a->shape) + " in " +
+                                     std::string(actual_what));
+    }
+  }
+  std::vector<const safetensors_entry*> extra;
+  for (const auto& a : actual.tensors())
+    if (by_name.find(a.name) == by_name.end()) extra.push_back(&a);
+  std::sort(extra.begin(), extra.end(), [](auto a, auto b) { return a->name < b->name; });
+  for (const auto* a : extra)
+    note(errc::unknown_tensor, "'" + a->name + "' only in " + std::string(actual_what));
+  if (differences.empty()) return;
+  std::string msg = std::string(expected_what) + " and " + std::string(actual_what) +
+                    " differ in their tensors (" + std::to_string(differences.size()) +
+                    " difference" + (differences.size() == 1 ? "" : "s") +
+                    "; both must hold the same names, dtypes and shapes): ";
+  for (std::size_t i = 0; i < std::min<std::size_t>(differences.size(), 5); ++i)
+    msg += (i ? "; " : "") + differences[i];
+  if (differences.size() > 5) msg += "; ...";
+  throw error(first, msg);
+}
+
+// ------------------------------------------------------------------------------------------------
+// diff
+
+/// Settings of diff_checkpoints and checkpoint_differ.
+struct diff_options {
+  /// Which encodings items may use: mixed (smallest per item), xor_only, ulp_only,
+  /// overwrite_only. Whole checkpoints always permit deltas, so xor_only and ulp_only use their
+  /// encoding for every item.
+  encoding_policy policy = encoding_policy::mixed;
+  int zstd_level = 1;  ///< zstd level of every stream
+  /// Soft bound of the records one payload holds: a payload is closed once it reaches this many.
+  /// The records of at most two payloads (one with worker_thread false) are held in raw form,
+  /// about 12 bytes each.
+  std::size_t payload_records = std::size_t{1} << 21;
+  /// Encode, compress and hand over each payload on a second thread while the calling thread
+  /// scans on (digest, compare, gather): close to twice the speed where two cores are free. The
+  /// payloads' bytes do not depend on it; false keeps all the work on the calling thread.
+  bool worker_thread = true;
+};
+
+/// What a diff did.
+struct diff_report {
+  std::uint64_t tensors = 0;
+  std::uint64_t changed_tensors = 0;
+  std::uint64_t elements = 0;          ///< elements of all tensors
+  std::uint64_t changed_elements = 0;  ///< elements whose stored bits differ
+  std::uint64_t checkpoint_bytes = 0;  ///< size of the NEW file (diff of files only)
+  std::uint64_t tensor_bytes = 0;      ///< bytes of all tensors
+  std::uint64_t delta_bytes = 0;       ///< size of the delta file written (diff of files only)
+  std::uint64_t payloads = 0;
+  std::uint64_t items = 0;
+  std::array<std::uint64_t, 3> items_by_encoding{};    ///< indexed by dcr::encoding value
+  std::array<std::uint64_t, 3> records_by_encoding{};  ///< indexed by dcr::encoding value
+  double seconds = 0;  ///< wall time of the whole diff (opening the files included)
+  /// Calling thread: opening, digest, compare and gather (seconds less the calling thread's
+  /// share of encode, write and wait).
+  double scan_seconds = 0;
+  /// Encoding choice, values and compression, on whichever thread did them (with the worker
+  /// thread this overlaps scan_seconds).
+  double encode_seconds = 0;
+  /// Handing payloads over (writing them to the delta file) and, for files, the final write,
+  /// fsync and rename.
+  double write_seconds = 0;
+  /// Calling thread waiting for the worker thread: both payload slots busy, or the last payload.
+  double wait_seconds = 0;
+};
+
+/// The bytes of one tensor in the old and in the new checkpoint (little-endian words).
+struct tensor_pair {
+  std::span<const std::byte> old_bytes;
+  std::span<const std::byte> new_bytes;
+};
+
+/// XXH3-128 digests of one tensor's bytes in the old and the new checkpoint.
+struct tensor_digests {
+  digest128 old_digest;
+  digest128 new_digest;
+};
+
+/// Diffs checkpoints into payloads, and files into delta files. Owns the scratch, the codec
+/// contexts, two pools of items (payload slots) and, with options().worker_thread, one worker
+/// thread (started by the first diff, joined by the destructor): a reused differ allocates
+/// nothing once warm. Not copyable or movable; one diff at a time.
+///
+/// The calling thread scans tensor by tensor in 128 KiB chunks of each checkpoint: digests the
+/// chunks (when asked), then compares and gathers them (detect_and_gather) while they are in
+/// cache, filling a payload slot; a full slot (payload_records) goes to the worker, which
+/// chooses each item's encoding, turns the gathered words into values in place, encodes and
+/// compresses the payload and hands it to the caller's sink, while the scan fills the other
+/// slot. Between payloads the worker of a diff of files maps the files' pages in ahead of the
+/// scan. Without a worker the calling thread does it all, in the same order.
+class checkpoint_differ {
+ public:
+  explicit checkpoint_differ(diff_options options = {})
+      : options_(options), codec_(codec_with_level(options.zstd_level)), encoder_(codec_) {
+    DCR_EXPECTS(options.payload_records > 0, errc::invalid_argument,
+                "diff: payload_records must be positive");
+  }
+  checkpoint_differ(const checkpoint_differ&) = delete;
+  checkpoint_differ& operator=(const checkpoint_differ&) = delete;
+  ~checkpoint_differ() {
+    if (!worker_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_worker_.notify_all();
+    worker_.join();
+  }
+
+  [[nodiscard]] const diff_options& options() const noexcept { return options_; }
+
+  /// Writes the delta from `old_file` to `new_file` at `delta_path` (atomically). Both must
+  /// hold the same tensor names, dtypes and shapes (require_same_tensors).
+  diff_report diff(const safetensors_file& old_file, const safetensors_file& new_file,
+                   const std::filesystem::path& delta_path) {
+    const auto start = detail::clock::now();
+    const std::string old_what = "OLD '" + old_file.path().string() + "'";
+    const std::string new_what = "NEW '" + new_file.path().string() + "'";
+    const auto tensors = old_file.header().canonical_tensors();
+    require_same_tensors(tensors, old_what, new_file.header(), new_what);
+    file_registry_ = tensor_registry(tensors);
+    pairs_.resize(file_registry_.size());
+    digests_.resize(file_registry_.size());
+    for (tensor_id id = 0; id < file_registry_.size(); ++id) {
+      const std::string& name = file_registry_.tensors()[id].name;
+      pairs_[id] = {old_file.data(*old_file.find(name)), new_file.data(*new_file.find(name))};
+    }
+
+    delta_writer writer(delta_path, container_kind::delta, file_registry_,
+                        new_file.header_json());
+    // The worker maps the files' pages in ahead of the scan between payloads (when the files
+    // were opened without populating them, see diff_checkpoints).
+    diff_report report = scan_and_encode(
+        file_registry_, pairs_,
+        [&writer](std::span<const std::byte> payload) { writer.append_payload(payload); },
+        digests_, options_.worker_thread);
+    const double call = report.seconds;
+    for (tensor_id id = 0; id < file_registry_.size(); ++id)
+      writer.set_digests(id, digests_[id].old_digest, digests_[id].new_digest);
+    const auto t0 = detail::clock::now();
+    report.delta_bytes = writer.commit();
+    const double commit = detail::seconds_since(t0);
+    report.write_seconds += commit;
+    report.checkpoint_bytes = new_file.bytes().size();
+    report.seconds = detail::seconds_since(start);
+    // Checking the tensors and opening the writer count as scanning.
+    report.scan_seconds += std::max(0.0, report.seconds - call - commit);
+    return report;
+  }
+
+  /// Diffs checkpoints held in memory: tensors[id] holds the bytes of registry tensor `id` in
+  /// the old and the new checkpoint (each exactly its numel * dtype size bytes; any alignment).
+  /// Calls `on_payload` with each payload, in sequence order (owner 0, sequence 0, 1, ...;
+  /// transition delta_format::forward), from the worker thread when there is one (one call at a
+  /// time; the bytes are valid during the call). When `digests` is not empty it must hold
+  /// registry.size() entries and receives each tensor's XXH3-128 digests. Throws
+  /// shape_mismatch (a tensor of the wrong size) or invalid_argument (counts) before scanning,
+  /// and rethrows what the encoder or `on_payload` throws (after the worker has stopped using
+  /// the arguments). The report's file fields (checkpoint_bytes, delta_bytes) are zero.
+  diff_report diff_tensors(const tensor_registry& registry, std::span<const tensor_pair> tensors,
+                           const std::function<void(std::span<const std::byte>)>& on_payload,
+                           std::span<tensor_digests> digests = {}) {
+    return scan_and_encode(registry, tensors, on_payload, digests, false);
+  }
+
+ private:
+  // diff_tensors; `prefault`: the worker maps in the tensors' pages ahead of the scan.
+  diff_report scan_and_encode(const tensor_registry& registry,
+                              std::span<const tensor_pair> tensors,
+                              const std::function<void(std::span<const std::byte>)>& on_payload,
+                              std::span<tensor_digests> digests, bool prefault) {
+    const auto start = detail::clock::now();
+    DCR_EXPECTS(tensors.size() == registry.size(), errc::invalid_argument,
+                "diff: " + std::to_string(tensors.size()) + " tensor pairs for a registry of " +
+                    std::to_string(registry.size()) + " tensors");
+    DCR_EXPECTS(digests.empty() || digests.size() == registry.size(), errc::invalid_argument,
+                "diff: room for " + std::to_string(digests.size()) +
+                    " digests for a registry of " + std::to_string(registry.size()) +
+                    " tensors");
+    for (tensor_id id = 0; id < registry.size(); ++id) {
+      const canonical_tensor& t = registry.tensors()[id];
+      const auto bytes = static_cast<std::uint64_t>(t.bytes());
+      DCR_EXPECTS(tensors[id].old_bytes.size() == bytes && tensors[id].new_bytes.size() == bytes,
+                  errc::shape_mismatch,
+                  "diff: tensor '" + t.name + "' has " + std::to_string(bytes) + " bytes, given " +
+                      std::to_string(tensors[id].old_bytes.size()) + " old and " +
+                      std::to_string(tensors[id].new_bytes.size()) + " new");
+    }
+
+    diff_report report;
+    report.tensors = registry.size();
+    registry_ = &registry;
+    on_payload_ = &on_payload;
+    worker_stats_ = {};
+    sequence_ = 0;
+    wait_seconds_ = 0;
+    caller_work_seconds_ = 0;
+    for (auto& b : slots_) {
+      b.used = 0;
+      b.records = 0;
+    }
+    filling_ = 0;
+    {
+      // Whatever happens, the worker is done with this call's arguments before it returns.
+      struct settle {
+        checkpoint_differ& self;
+        ~settle() { self.settle_worker(); }
+      } guard{*this};
+      // The digests stay on this thread: each chunk is digested while in cache for the compare,
+      // where digesting it again from memory on the worker would cost more than it saves.
+      const bool digest = !digests.empty();
+      if (options_.worker_thread) {
+        start_worker();
+        if (prefault) start_prefault(tensors);
+      }
+      for (tensor_id id = 0; id < registry.size(); ++id) {
+        const canonical_tensor& t = registry.tensors()[id];
+        if (digest) {
+          old_digest_.reset();
+          new_digest_.reset();
+        }
+        const std::uint64_t before = report.changed_elements;
+        visit_word(dtype_size(t.type), [&]<class W>(W) {
+          scan_tensor<W>(id, t.type, tensors[id], digest, report);
+        });
+        if (digest) digests[id] = {old_digest_.digest(), new_digest_.digest()};
+        report.elements += static_cast<std::uint64_t>(t.numel());
+        report.tensor_bytes += static_cast<std::uint64_t>(t.bytes());
+        report.changed_tensors += report.changed_elements != before ? 1 : 0;
+      }
+      if (slots_[filling_].used != 0) submit();
+      wait_idle();
+    }
+    registry_ = nullptr;
+    on_payload_ = nullptr;
+    report.payloads = worker_stats_.payloads;
+    report.items = worker_stats_.items;
+    report.items_by_encoding = worker_stats_.items_by_encoding;
+    report.records_by_encoding = worker_stats_.records_by_encoding;
+    report.encode_seconds = worker_stats_.encode_seconds;
+    report.write_seconds = worker_stats_.write_seconds;
+    report.wait_seconds = wait_seconds_;
+    report.seconds = detail::seconds_since(start);
+    report.scan_seconds = std::max(0.0, report.seconds - wait_seconds_ - caller_work_seconds_);
+    return report;
+  }
+
+  // Bytes of each checkpoint compared per step: both chunks stay in L2 between digest and
+  // compare. Payload boundaries fall on these chunks, so it is part of what the bytes depend on.
+  static constexpr std::size_t scan_chunk_bytes = 128 * 1024;
+  // Bytes of each checkpoint the worker maps in between looks at the payload queue.
+  static constexpr std::size_t prefault_step_bytes = 4 * 1024 * 1024;
+
+  // One payload's items: items[0, used) are closed; items[used] is the item being filled.
+  // Each item holds its indices and, in `values`, the gathered old words (turned into values in
+  // place by the encoder); new_words[i] holds the new words of items[i].
+  struct slot {
+    std::vector<item> items;
+    std::vector<std::vector<std::byte>> new_words;
+    std::size_t used = 0;
+    std::size_t records = 0;  // of the closed items
+    std::uint32_t sequence = 0;
+    bool busy = false;  // queued for or being encoded by the worker
+  };
+
+  struct worker_stats {
+    std::uint64_t payloads = 0, items = 0;
+    std::array<std::uint64_t, 3> items_by_encoding{}, records_by_encoding{};
+    double encode_seconds = 0, write_seconds = 0;
+  };
+
+  // The item of `s` being filled, for tensor `id`, emptied, with room for what it can gather
+  // before the payload fills (at most the rest of the tensor).
+  item& open_item(slot& s, tensor_id id, dtype type, std::size_t words_left,
+                  std::size_t word_bytes) {
+    if (s.used == s.items.size()) {
+      s.items.emplace_back();
+      s.new_words.emplace_back();
+    }
+    item& it = s.items[s.used];
+    it.tensor = id;
+    it.type = type;
+    it.enc = encoding::overwrite;
+    it.indices.clear();
+    it.values.clear();
+    s.new_words[s.used].clear();
+    const std::size_t room =
+        std::min(words_left, options_.payload_records - std::min(options_.payload_records,
+                                                                 s.records) +
+                                 scan_chunk_bytes / word_bytes);
+    it.indices.reserve(room);
+    it.values.reserve(room * word_bytes);
+    s.new_words[s.used].reserve(room * word_bytes);
+    return it;
+  }
+
+  void close_item(slot& s, diff_report& report) {
+    const std::size_t count = s.items[s.used].count();
+    if (count == 0) return;
+    s.records += count;
+    ++s.used;
+    report.changed_elements += count;
+  }
+
+  template <storage_word W>
+  void scan_tensor(tensor_id id, dtype type, const tensor_pair& pair, bool digest,
+                   diff_report& report) {
+    constexpr std::size_t chunk_words = scan_chunk_bytes / sizeof(W);
+    const std::size_t n = pair.old_bytes.size() / sizeof(W);
+    const bool aligned = (reinterpret_cast<std::uintptr_t>(pair.old_bytes.data()) |
+                          reinterpret_cast<std::uintptr_t>(pair.new_bytes.data())) %
+                             alignof(W) == 0;
+    if (!aligned) {
+      bounce_old_.resize(scan_chunk_bytes / sizeof(std::uint64_t));
+      bounce_new_.resize(scan_chunk_bytes / sizeof(std::uint64_t));
+    }
+    slot* s = &slots_[filling_];
+    item* it = &open_item(*s, id, type, n, sizeof(W));
+    for (std::size_t start = 0; start < n; start += chunk_words) {
+      const std::size_t len = std::min(chunk_words, n - start);
+      const auto ob = pair.old_bytes.subspan(start * sizeof(W), len * sizeof(W));
+      const auto nb = pair.new_bytes.subspan(start * sizeof(W), len * sizeof(W));
+      if (digest) {
+        old_digest_.update(ob);
+        new_digest_.update(nb);
+      }
+      const W* a = reinterpret_cast<const W*>(ob.data());
+      const W* b = reinterpret_cast<const W*>(nb.data());
+      if (!aligned) {  // safetensors does not align tensors; compare from aligned copies
+        std::memcpy(bounce_old_.data(), ob.data(), ob.size());
+        std::memcpy(bounce_new_.data(), nb.data(), nb.size());
+        a = reinterpret_cast<const W*>(bounce_old_.data());
+        b = reinterpret_cast<const W*>(bounce_new_.data());
+      }
+      detect_and_gather<W>({a, len}, {b, len}, it->indices, it->values, s->new_words[s->used],
+                           start);
+      if (s->records + it->count() >= options_.payload_records) {
+        close_item(*s, report);
+        submit();
+        s = &slots_[filling_];
+        it = &open_item(*s, id, type, n - start - len, sizeof(W));
+      }
+    }
+    close_item(*s, report);
+  }
+
+  // Hands the slot being filled to the worker (or encodes it here) and makes the other slot
+  // the one being filled, once it is free.
+  void submit() {
+    slot& s = slots_[filling_];
+    s.sequence = sequence_++;
+    if (!options_.worker_thread) {
+      const auto t0 = detail::clock::now();
+      encode_slot(s);
+      caller_work_seconds_ += detail::seconds_since(t0);
+      return;
+    }
+    const auto t0 = detail::clock::now();
+    {
+      std::unique_lock lock(mutex_);
+      rethrow_worker_error(lock);
+      s.busy = true;
+      queue_[queued_++ % 2] = filling_;  // FIFO of at most two
+      wake_worker_.notify_all();
+      filling_ ^= 1;
+      slot_free_.wait(lock, [&] { return !slots_[filling_].busy || worker_error_; });
+      rethrow_worker_error(lock);
+    }
+    wait_seconds_ += detail::seconds_since(t0);
+  }
+
+  // Waits until the worker has encoded every submitted slot; rethrows its error.
+  void wait_idle() {
+    if (!options_.worker_thread) return;
+    const auto t0 = detail::clock::now();
+    std::unique_lock lock(mutex_);
+    slot_free_.wait(lock, [&] { return taken_ == queued_ || worker_error_; });
+    rethrow_worker_error(lock);
+    wait_seconds_ += detail::seconds_since(t0);
+  }
+
+  void rethrow_worker_error(std::unique_lock<std::mutex>&) {
+    if (!worker_error_) return;
+    std::rethrow_exception(std::exchange(worker_error_, nullptr));
+  }
+
+  // After a call, normal or not: the worker drops what is queued, finishes what it is doing and
+  // forgets any error, so the differ can be used again.
+  void settle_worker() noexcept {
+    if (!worker_.joinable()) return;
+    std::unique_lock lock(mutex_);
+    discard_ = true;
+    wake_worker_.notify_all();
+    slot_free_.wait(lock, [&] { return !worker_busy_; });
+    taken_ = queued_;
+    for (auto& s : slots_) s.busy = false;
+    prefault_pending_ = false;
+    discard_ = false;
+    worker_error_ = nullptr;
+  }
+
+  // Gives the worker the pages of every tensor to map in, as background work.
+  void start_prefault(std::span<const tensor_pair> tensors) {
+    std::lock_guard lock(mutex_);
+    prefault_tensors_ = tensors;
+    prefault_id_ = 0;
+    prefault_at_ = 0;
+    prefault_pending_ = !tensors.empty();
+    wake_worker_.notify_all();
+  }
+
+  // One step of the background mapping (worker thread, lock not held): the next
+  // prefault_step_bytes of the current tensor in both checkpoints. Returns whether there is more.
+  bool prefault_step() noexcept {
+    const tensor_pair& p = prefault_tensors_[prefault_id_];
+    const std::size_t len = std::min(prefault_step_bytes, p.old_bytes.size() - prefault_at_);
+    prefault(p.old_bytes.subspan(prefault_at_, len));
+    prefault(p.new_bytes.subspan(prefault_at_, len));
+    prefault_at_ += len;
+    if (prefault_at_ < p.old_bytes.size()) return true;
+    prefault_at_ = 0;
+    return ++prefault_id_ < prefault_tensors_.size();
+  }
+
+  void start_worker() {
+    if (worker_.joinable()) return;
+    worker_ = std::thread([this] { worker_loop(); });
+  }
+
+  void worker_loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_worker_.wait(lock, [&] { return stop_ || taken_ != queued_ || prefault_pending_; });
+      if (taken_ == queued_) {
+        if (!prefault_pending_) return;  // stop_, nothing to do
+        // Payloads first; mapping pages in fills the time between them.
+        if (discard_ || worker_error_) {
+          prefault_pending_ = false;
+          continue;
+        }
+        worker_busy_ = true;
+        lock.unlock();
+        const bool more = prefault_step();
+        lock.lock();
+        worker_busy_ = false;
+        if (!more) prefault_pending_ = false;
+        if (discard_) slot_free_.notify_all();  // settle_worker waits for worker_busy_ to drop
+        continue;
+      }
+      slot& s = slots_[queue_[taken_ % 2]];
+      if (!discard_ && !worker_error_) {
+        worker_busy_ = true;
+        lock.unlock();
+        std::exception_ptr error;
+        try {
+          encode_slot(s);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        lock.lock();
+        worker_busy_ = false;
+        if (error) worker_error_ = error;
+      }
+      s.busy = false;
+      ++taken_;
+      slot_free_.notify_all();
+    }
+  }
+
+  // Chooses each item's encoding, turns its gathered words into values in place, encodes the
+  // payload and hands it to on_payload_.
+  void encode_slot(slot& s) {
+    const auto t0 = detail::clock::now();
+    for (std::size_t i = 0; i < s.used; ++i) {
+      item& it = s.items[i];
+      const std::size_t count = it.count();
+      visit_word(it.word_bytes(), [&]<class W>(W) {
+        const std::span<const W> old_words(reinterpret_cast<const W*>(it.values.data()), count);
+        const std::span<const W> new_words(reinterpret_cast<const W*>(s.new_words[i].data()),
+                                           count);
+        it.enc = choose_encoding<W>(options_.policy, true, old_words, new_words, codec_);
+        W* out = reinterpret_cast<W*>(it.values.data());  // old_words, overwritten in place
+        visit_encoding(it.enc, [&](auto e) {
+          using E = decltype(e);
+          for (std::size_t j = 0; j < count; ++j) out[j] = E::encode(old_words[j], new_words[j]);
+        });
+      });
+      ++worker_stats_.items;
+      const auto e = static_cast<std::size_t>(it.enc);
+      if (e < worker_stats_.items_by_encoding.size()) {
+        ++worker_stats_.items_by_encoding[e];
+        worker_stats_.records_by_encoding[e] += count;
+      }
+    }
+    payload_header header;
+    header.id = {delta_format::forward.base_version, delta_format::forward.target_version,
+                 delta_format::forward.attempt, 0, s.sequence};
+    header.registry_fingerprint = registry_->fingerprint();
+    encoder_.encode(header, std::span<const item>(s.items.data(), s.used), *registry_, payload_);
+    const auto t1 = detail::clock::now();
+    worker_stats_.encode_seconds += std::chrono::duration<double>(t1 - t0).count();
+    (*on_payload_)(payload_);
+    ++worker_stats_.payloads;
+    worker_stats_.write_seconds += detail::seconds_since(t1);
+    // Keep a slot's memory near one payload's worth: after an unusual payload, let it go.
+    std::size_t held = 0;
+    for (std::size_t i = 0; i < s.items.size(); ++i)
+      held += s.items[i].indices.capacity() * 8 + s.items[i].values.capacity() +
+              s.new_words[i].capacity();
+    if (held > 4 * options_.payload_records * 16) {
+      s.items.clear();
+      s.new_words.clear();
+    }
+    s.used = 0;
+    s.records = 0;
+  }
+
+  static codec_options codec_with_level(int level) {
+    codec_options o;
+    o.zstd_level = level;
+    return o;
+  }
+
+  diff_options options_;
+  codec_options codec_;
+  payload_encoder encoder_;  // used by the thread that encodes
+  std::vector<std::byte> payload_;
+  worker_stats worker_stats_;  // written by the thread that encodes
+
+  // Scan state (calling thread).
+  const tensor_registry* registry_ = nullptr;
+  const std::function<void(std::span<const std::byte>)>* on_payload_ = nullptr;
+  tensor_registry file_registry_;
+  std::vector<tensor_pair> pairs_;
+  std::vector<tensor_digests> digests_;
+  digest_stream old_digest_;
+  digest_stream new_digest_;
+  std::vector<std::uint64_t> bounce_old_;
+  std::vector<std::uint64_t> bounce_new_;
+  std::array<slot, 2> slots_;
+  std::size_t filling_ = 0;
+  std::uint32_t sequence_ = 0;
+  double wait_seconds_ = 0;
+  double caller_work_seconds_ = 0;  // encode and write done on the calling thread
+
+  // The worker and its hand-over, guarded by mutex_ (slot contents pass with `busy`).
+  std::thread worker_;
+  std::mutex mutex_;
+  std::condition_variable wake_worker_;
+  std::condition_variable slot_free_;
+  std::array<std::size_t, 2> queue_{};
+  std::uint64_t queued_ = 0;  // slots queued so far
+  std::uint64_t taken_ = 0;   // slots the worker has finished (or dropped)
+  bool worker_busy_ = false;
+  bool discard_ = false;
+  // Background work: mapping in the pages of the tensors of a diff of files.
+  bool prefault_pending_ = false;
+  std::span<const tensor_pair> prefault_tensors_;
+  std::size_t prefault_id_ = 0;
+  std::size_t prefault_at_ = 0;
+  bool stop_ = false;
+  std::exception_ptr worker_error_;
+};
+
+/// Diffs OLD and NEW (safetensors files with the same tensor names, dtypes and shapes) into a
+/// delta file at `delta_path`, published atomically. Errors: those of the safetensors reader,
+/// require_same_tensors, the payload encoder, and io_error.
+inline diff_report diff_checkpoints(const std::filesystem::path& old_path,
+                                    const std::filesystem::path& new_path,
+                                    const std::filesystem::path& delta_path,
+                                    const diff_options& options = {}) {
+  const auto start = detail::clock::now();
+  DCR_EXPECTS(!same_file(delta_path, old_path) && !same_file(delta_path, new_path),
+              errc::invalid_argument,
+              "the delta '" + delta_path.string() + "' would replace OLD or NEW");
+  // With a worker thread, it maps the pages in ahead of the scan; without, the mappings are
+  // populated up front (cheaper than a fault per page).
+  const auto old_file = safetensors_file::open(old_path, !options.worker_thread);
+  const auto new_file = safetensors_file::open(new_path, !options.worker_thread);
+  checkpoint_differ differ(options);
+  auto report = differ.diff(old_file, new_file, delta_path);
+  const double opening = detail::seconds_since(start) - report.seconds;
+  report.seconds += opening;
+  report.scan_seconds += opening;
+  return report;
+}
+
+// ------------------------------------------------------------------------------------------------
+// apply
+
+/// What an apply did.
+struct apply_report {
+  std::uint64_t tensors = 0;
+  std::uint64_t payloads = 0;      ///< delta payloads decoded
+  std::uint64_t records = 0;       ///< changed elements written
+  std::uint64_t output_bytes = 0;  ///< size of the result file
+  bool already_applied = false;    ///< in place: BASE already held the result; nothing written
+  bool recovered = false;          ///< in place: an interrupted apply was rolled forward first
+  double seconds = 0;
+};
+
+namespace detail {
+
+// Applies one decoded item to the bytes of its tensor (little-endian words).
+inline void apply_item(std::span<std::byte> tensor, const item& it, std::string_view where) {
+  DCR_EXPECTS(it.indices.empty() || it.indices.back() < tensor.size() / it.word_bytes(),
+              errc::out_of_range,
+              std::string(where) + ": item index beyond its tensor");
+  visit_word(it.word_bytes(), [&]<class W>(W) {
+    visit_encoding(it.enc, [&](auto e) {
+      using E = decltype(e);
+      const auto values = it.words<W>();
+      std::byte* const base = tensor.data();
+      const std::uint64_t* const idx = it.indices.data();
+      for (std::size_t j = 0; j < values.size(); ++j) {
+        std::byte* p = base + idx[j] * sizeof(W);
+        dcr::detail::store_le<W>(p, E::apply(dcr::detail::load_le<W>(p), values[j]));
+      }
+    });
+  });
+}
+
+// Byte ranges (file offsets) of the manifest's tensors in a file, by tensor id.
+struct tensor_ranges {
+  std::vector<std::uint64_t> begin;
+  std::vector<std::uint64_t> size;
+  [[nodiscard]] std::span<const std::byte> of(std::span<const std::byte> file, tensor_id id) const {
+    return file.subspan(static_cast<std::size_t>(begin[id]), static_cast<std::size_t>(size[id]));
+  }
+  [[nodiscard]] std::span<std::byte> of(std::span<std::byte> file, tensor_id id) const {
+    return file.subspan(static_cast<std::size_t>(begin[id]), static_cast<std::size_t>(size[id]));
+  }
+};
+
+inline tensor_ranges ranges_in(const delta_file& d, const safetensors_header& h) {
+  tensor_ranges r;
+  for (const auto& m : d.tensors()) {
+    const auto* e = h.find(m.tensor.name);
+    r.begin.push_back(h.data_offset() + e->begin);
+    r.size.push_back(e->size());
+  }
+  return r;
+}
+
+// The first tensor (in id order) whose bytes do not have the manifest's base (or result)
+// digest, or nullopt.
+inline std::optional<tensor_id> first_digest_mismatch(const delta_file& d,
+                                                      std::span<const std::byte> file,
+                                                      const tensor_ranges& ranges, bool result) {
+  for (tensor_id id = 0; id < d.tensors().size(); ++id) {
+    const auto& m = d.tensors()[id];
+    if (digest_of(ranges.of(file, id)) != (result ? m.result_digest : m.base_digest)) return id;
+  }
+  return std::nullopt;
+}
+
+inline std::string digest_mismatch_message(const delta_file& d, std::span<const std::byte> file,
+                                           const tensor_ranges& ranges, tensor_id id,
+                                           std::string_view file_what, bool result) {
+  const auto& m = d.tensors()[id];
+  return std::string(file_what) + ": tensor '" + m.tensor.name + "' has digest " +
+         digest_of(ranges.of(file, id)).hex() + ", the delta's " +
+         (result ? "result" : "base") + " has " +
+         (result ? m.result_digest : m.base_digest).hex();
+}
+
+// Decodes payload i of `d`, checking its id (direction and sequence) as well.
+inline void decode_payload(payload_decoder& decoder, const delta_file& d, std::size_t i,
+                           std::vector<item>& items) {
+  const auto expect = d.expected_transition(i);
+  const std::string where = d.where() + ": payload " + std::to_string(i) + " at byte " +
+                            std::to_string(d.payload_offset(i));
+  payload_header h;
+  try {
+    h = decoder.decode(d.payload(i), d.registry(), items, &expect);
+  } catch (const error& e) {
+    throw error(e.dcr_code(), where + ": " + e.what());
+  }
+  DCR_EXPECTS(h.id.owner == 0 && h.id.sequence == d.expected_sequence(i),
+              errc::duplicate_payload,
+              where + ": owner " + std::to_string(h.id.owner) + " sequence " +
+                  std::to_string(h.id.sequence) + ", expected owner 0 sequence " +
+                  std::to_string(d.expected_sequence(i)) + " (payloads reordered or duplicated)");
+  if (d.kind() == container_kind::journal)
+    for (const auto& it : items)
+      DCR_EXPECTS(it.enc == encoding::overwrite, errc::corrupt_payload,
+                  where + ": journal item of tensor id " + std::to_string(it.tensor) +
+                      " is not an overwrite item");
+}
+
+}  // namespace detail
+
+/// In-place apply's journal and working file: `.<base name>.dcr-journal` and
+/// `.<base name>.dcr-working` beside BASE.
+[[nodiscard]] inline std::filesystem::path journal_path(const std::filesystem::path& base) {
+  return hidden_sibling(base, ".dcr-journal");
+}
+[[nodiscard]] inline std::filesystem::path working_path(const std::filesystem::path& base) {
+  return hidden_sibling(base, ".dcr-working");
+}
+
+/// Applies the delta at `delta_path` to the checkpoint at `base_path`, writing the result to
+/// `out_path` atomically: the result has the target's header verbatim and every tensor's bytes at
+/// the target's offsets, so it equals the NEW file diff read byte for byte. Refuses, before
+/// creating anything: a base with other tensors (require_same_tensors), a base whose tensor bytes
+/// differ from the delta's base (verification_failed naming the first such tensor), `out_path`
+/// naming the base itself (invalid_argument; use apply_delta_in_place), a base with an
+/// unfinished in-place apply (not_ready). The output appears only after every result digest
+/// matched (else verification_failed and nothing is created). Errors of the delta file and
+/// payload decoder (corrupt_payload and the rest) leave nothing behind either.
+inline apply_report apply_delta(const std::filesystem::path& delta_path,
+                                const std::filesystem::path& base_path,
+                                const std::filesystem::path& out_path) {
+  const auto start = detail::clock::now();
+  DCR_EXPECTS(!path_exists(journal_path(base_path)), errc::not_ready,
+              "BASE '" + base_path.string() + "' has an unfinished in-place apply (journal '" +
+                  journal_path(base_path).string() + "'); run `dcr recover " +
+                  base_path.string() + "` first");
+  const auto d = delta_file::open(delta_path);
+  const auto base = safetensors_file::open(base_path, true);
+  const std::string base_what = "BASE '" + base_path.string() + "'";
+  {
+    std::vector<canonical_tensor> expected;
+    for (const auto& m : d.tensors()) expected.push_back(m.tensor);
+    require_same_tensors(expected, "the delta '" + delta_path.string() + "'", base.header(),
+                         base_what);
+  }
+  const auto base_ranges = detail::ranges_in(d, base.header());
+  if (auto bad = detail::first_digest_mismatch(d, base.bytes(), base_ranges, false))
+    throw error(errc::verification_failed,
+                "wrong base: " + detail::digest_mismatch_message(d, base.bytes(), base_ranges,
+                                                                 *bad, base_what, false));
+  DCR_EXPECTS(!same_file(base_path, out_path), errc::invalid_argument,
+              "OUT '" + out_path.string() + "' is BASE itself; use the in-place apply");
+  DCR_EXPECTS(!same_file(delta_path, out_path), errc::invalid_argument,
+              "OUT '" + out_path.string() + "' is the delta file itself");
+
+  const safetensors_header& target = d.target_header();
+  const auto out_ranges = detail::ranges_in(d, target);
+  atomic_file out(out_path);
+  out.resize(target.file_size());
+  std::byte length[8];
+  dcr::detail::store_le<std::uint64_t>(length, target.header_size());
+  out.write_at(length, 0);
+  out.write_at(std::as_bytes(std::span<const char>(d.target_header_json())), 8);
+  for (tensor_id id = 0; id < d.tensors().size(); ++id)
+    out.write_at(base_ranges.of(base.bytes(), id), out_ranges.begin[id]);
+
+  apply_report report;
+  report.tensors = d.tensors().size();
+  {
+    auto map = mapped_file::open_write(out.temp_path(), true);
+    const auto bytes = map.writable_bytes();
+    payload_decoder decoder;
+    std::vector<item> items;
+    for (std::size_t i = 0; i < d.payload_count(); ++i) {
+      detail::decode_payload(decoder, d, i, items);
+      for (const auto& it : items) {
+        detail::apply_item(out_ranges.of(bytes, it.tensor), it, d.where());
+        report.records += it.count();
+      }
+      ++report.payloads;
+    }
+    if (auto bad = detail::first_digest_mismatch(d, map.bytes(), out_ranges, true))
+      throw error(errc::verification_failed,
+                  "the result does not verify: " +
+                      detail::digest_mismatch_message(d, map.bytes(), out_ranges, *bad,
+                                                      "OUT '" + out_path.string() + "'", true));
+    map.sync();
+  }
+  out.commit();
+  report.output_bytes = target.file_size();
+  report.seconds = detail::seconds_since(start);
+  return report;
+}
+
+// ------------------------------------------------------------------------------------------------
+// in place
+
+/// The steps of an in-place apply after which a crash may be injected (test hook, see
+/// in_place_options::crash_at). In order:
+enum class in_place_step : std::uint8_t {
+  journal_written,    ///< journal complete and fsynced in its temporary file, not yet published
+  journal_committed,  ///< journal published beside BASE; BASE untouched
+  base_hidden,        ///< BASE renamed to its hidden working name; nothing written yet
+  half_written,       ///< about half of the new words written to the working file
+  written,            ///< every new word and the header written and fsynced; not yet verified
+  verified,           ///< every result digest verified; working file not yet renamed back
+  renamed_back,       ///< BASE holds the result; journal not yet removed
+};
+
+inline constexpr std::array<std::string_view, 7> in_place_step_names = {
+    "journal-written", "journal-committed", "base-hidden", "half-written",
+    "written",         "verified",          "renamed-back"};
+
+/// "journal-written", "journal-committed", ... (the DCR_CRASH_AT spellings).
+[[nodiscard]] constexpr std::string_view in_place_step_name(in_place_step s) noexcept {
+  return in_place_step_names[static_cast<std::size_t>(s)];
+}
+/// The step spelled `name`, or nullopt.
+[[nodiscard]] constexpr std::optional<in_place_step> parse_in_place_step(std::string_view name) {
+  for (std::size_t i = 0; i < in_place_step_names.size(); ++i)
+    if (in_place_step_names[i] == name) return static_cast<in_place_step>(i);
+  return std::nullopt;
+}
+
+/// The exit status of a process that a crash injection ended.
+inline constexpr int crash_exit_status = 86;
+
+/// Settings of the in-place apply and of recovery.
+struct in_place_options {
+  /// Test hook: end the process with std::_Exit(crash_exit_status) right after this step, as a
+  /// crash would (no destructors, no cleanup). Never set it outside crash tests.
+  std::optional<in_place_step> crash_at;
+};
+
+/// in_place_options whose crash_at comes from the environment variable DCR_CRASH_AT (a step
+/// name; unset or empty means none). invalid_argument for an unknown name.
+[[nodiscard]] inline in_place_options in_place_options_from_environment() {
+  in_place_options o;
+  const char* v = std::getenv("DCR_CRASH_AT");
+  if (v == nullptr || *v == '\0') return o;
+  o.crash_at = parse_in_place_step(v);
+  if (!o.crash_at) {
+    std::string names;
+    for (auto n : in_place_step_names) names += (names.empty() ? "" : ", ") + std::string(n);
+    throw error(errc::invalid_argument,
+                "DCR_CRASH_AT='" + std::string(v) + "' is not a step (" + names + ")");
+  }
+  return o;
+}
+
+/// What recover_in_place found and did.
+struct recover_report {
+  bool journal_found = false;   ///< an interrupted in-place apply was found
+  bool rolled_forward = false;  ///< its new words were (re)written to the file
+  bool rolled_back = false;     ///< its result did not verify and BASE was restored instead
+  std::uint64_t records = 0;    ///< words written while rolling forward
+  std::size_t temporaries_removed = 0;  ///< unpublished journal files of crashed runs removed
+  double seconds = 0;
+};
+
+namespace detail {
+
+inline void crash_point(const in_place_options& o, in_place_step s) {
+  if (o.crash_at == s) std::_Exit(crash_exit_status);
+}
+
+// Removes `.<journal name>.tmp-*` files: journals a crash left unpublished.
+inline std::size_t remove_journal_temporaries(const std::filesystem::path& base) {
+  const auto dir = parent_directory(base);
+  const std::string prefix = hidden_sibling(journal_path(base), ".tmp-").filename().string();
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const auto name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && ::unlink(entry.path().c_str()) == 0) ++removed;
+  }
+  if (removed != 0) sync_directory(dir);
+  return removed;
+}
+
+// Writes the journal's header bytes and every word of its payloads of one direction into the
+// mapped working file.
+inline std::uint64_t write_journal_words(const delta_file& j, std::span<std::byte> file,
+                                         bool undo, const in_place_options& options) {
+  const auto ranges = ranges_in(j, j.target_header());
+  const std::string_view header = undo ? j.base_header_json() : j.target_header_json();
+  std::memcpy(file.data() + 8, header.data(), header.size());
+  payload_decoder decoder;
+  std::vector<item> items;
+  std::uint64_t total = 0;
+  if (!undo && options.crash_at == in_place_step::half_written) {
+    std::vector<item_entry> entries;
+    for (std::size_t i = 0; i < j.payload_count(); ++i)
+      if (!j.is_undo(i)) {
+        payload_decoder::read_table(j.payload(i), entries);
+        for (const auto& e : entries) total += e.count;
+      }
+  }
+  const std::uint64_t crash_after = total / 2;
+  std::uint64_t written = 0;
+  for (std::size_t i = 0; i < j.payload_count(); ++i) {
+    if (j.is_undo(i) != undo) continue;
+    decode_payload(decoder, j, i, items);
+    for (auto& it : items) {
+      if (!undo && options.crash_at == in_place_step::half_written &&
+          written + it.count() > crash_after) {
+        const std::size_t keep = static_cast<std::size_t>(crash_after - written);
+        it.indices.resize(keep);
+        it.values.resize(keep * it.word_bytes());
+        apply_item(ranges.of(file, it.tensor), it, j.where());
+        crash_point(options, in_place_step::half_written);
+      }
+      apply_item(ranges.of(file, it.tensor), it, j.where());
+      written += it.count();
+    }
+  }
+  if (!undo) crash_point(options, in_place_step::half_written);
+  return written;
+}
+
+inline bool header_is(std::span<const std::byte> file, std::string_view json) {
+  return file.size() >= 8 + json.size() &&
+         dcr::detail::load_le<std::uint64_t>(file.data()) == json.size() &&
+         std::memcmp(file.data() + 8, json.data(), json.size()) == 0;
+}
+
+// Finishes the in-place apply that journal `j` describes (the journal is published; BASE or its
+// working file exists): roll forward, verify, publish BASE, remove the journal.
+inline void finish_from_journal(const delta_file& j, const std::filesystem::path& base,
+                                const in_place_options& options, recover_report& report) {
+  const auto working = working_path(base);
+  const std::string base_what = "BASE '" + base.string() + "'";
+  const bool base_exists = path_exists(base);
+  const bool working_exists = path_exists(working);
+  DCR_EXPECTS(!(base_exists && working_exists), errc::not_ready,
+              "both " + base_what + " and its working file '" + working.string() +
+                  "' exist beside the journal '" + journal_path(base).string() +
+                  "'; resolve by hand (the working file holds the interrupted apply)");
+  DCR_EXPECTS(base_exists || working_exists, errc::io_error,
+              "neither " + base_what + " nor its working file '" + working.string() +
+                  "' exists, but the journal '" + journal_path(base).string() + "' does");
+  const auto& target = j.target_header();
+  const auto ranges = ranges_in(j, target);
+  if (base_exists) {
+    // The journal is published but BASE was not renamed yet, or was already renamed back.
+    auto f = mapped_file::open_read(base, true);
+    const bool sized = f.size() == target.file_size();
+    if (sized && header_is(f.bytes(), j.target_header_json()) &&
+        !first_digest_mismatch(j, f.bytes(), ranges, true)) {
+      remove_durably(journal_path(base));
+      return;
+    }
+    DCR_EXPECTS(sized && header_is(f.bytes(), j.base_header_json()) &&
+                    !first_digest_mismatch(j, f.bytes(), ranges, false),
+                errc::verification_failed,
+                base_what + " matches neither the base nor the result of the journal '" +
+                    journal_path(base).string() + "'; left as it is");
+    f = mapped_file();
+    rename_durably(base, working);
+    crash_point(options, in_place_step::base_hidden);
+  }
+  auto map = mapped_file::open_write(working, true);
+  DCR_EXPECTS(map.size() == target.file_size(), errc::verification_failed,
+              "the working file '" + working.string() + "' has " + std::to_string(map.size()) +
+                  " bytes, the journal's result " + std::to_string(target.file_size()));
+  report.records = write_journal_words(j, map.writable_bytes(), false, options);
+  report.rolled_forward = true;
+  map.sync();
+  crash_point(options, in_place_step::written);
+  if (auto bad = first_digest_mismatch(j, map.bytes(), ranges, true)) {
+    const std::string why =
+        digest_mismatch_message(j, map.bytes(), ranges, *bad, "the working file", true);
+    write_journal_words(j, map.writable_bytes(), true, options);
+    map.sync();
+    if (first_digest_mismatch(j, map.bytes(), ranges, false))
+      throw error(errc::verification_failed,
+                  "in-place apply: the result does not verify (" + why +
+                      ") and undoing it did not restore the base either; the working file '" +
+                      working.string() + "' and the journal '" + journal_path(base).string() +
+                      "' are left for inspection");
+    map = mapped_file();
+    rename_durably(working, base);
+    remove_durably(journal_path(base));
+    report.rolled_back = true;
+    throw error(errc::verification_failed,
+                "in-place apply: the result does not verify (" + why + "); " + base_what +
+                    " was restored to its original content");
+  }
+  crash_point(options, in_place_step::verified);
+  map = mapped_file();
+  rename_durably(working, base);
+  crash_point(options, in_place_step::renamed_back);
+  remove_durably(journal_path(base));
+}
+
+}  // namespace detail
+
+/// Finishes an in-place apply of BASE that a crash interrupted, if any: removes unpublished
+/// journal files, and if a journal is published, rolls it forward (rewrites every new word,
+/// idempotently), verifies every result digest and the header, renames the file back to BASE and
+/// removes the journal. If the result does not verify, the journal's undo words restore the base
+/// and verification_failed is thrown. Throws corrupt_payload (and the like) for a damaged
+/// journal and not_ready for a working file without a journal or beside an existing BASE, in
+/// both cases changing nothing. Without a journal it does nothing.
+inline recover_report recover_in_place(const std::filesystem::path& base,
+                                       const in_place_options& options = {}) {
+  const auto start = detail::clock::now();
+  recover_report report;
+  report.temporaries_removed = detail::remove_journal_temporaries(base);
+  const auto journal = journal_path(base);
+  if (!path_exists(journal)) {
+    DCR_EXPECTS(!path_exists(working_path(base)), errc::not_ready,
+                "the working file '" + working_path(base).string() + "' of BASE '" +
+                    base.string() + "' exists without a journal; resolve by hand");
+    report.seconds = detail::seconds_since(start);
+    return report;
+  }
+  report.journal_found = true;
+  const auto j = delta_file::open(journal, container_kind::journal);
+  detail::finish_from_journal(j, base, options, report);
+  report.seconds = detail::seconds_since(start);
+  return report;
+}
+
+/// Applies the delta to BASE in place, without copying it and without ever leaving a partly
+/// applied file at BASE's path (docs/tool.md, "In-place apply"): first finishes any interrupted
+/// in-place apply (recover_in_place); checks BASE like apply_delta, and also that it lays its
+/// tensors out as the delta's target does and that the target's header fits in BASE's
+/// (invalid_argument otherwise: apply to a new file instead); if BASE already holds the result,
+/// reports already_applied and writes nothing; otherwise writes a journal of old and new words,
+/// renames BASE to a hidden working name, writes the new words, verifies every result digest,
+/// renames it back and removes the journal.
+inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path,
+                                         const std::filesystem::path& base_path,
+                                         const in_place_options& options = {}) {
+  const auto start = detail::clock::now();
+  apply_report report;
+  report.recovered = recover_in_place(base_path, options).journal_found;
+  require_single_regular_file(base_path, "in-place apply: BASE");
+  const auto d = delta_file::open(delta_path);
+  auto base = safetensors_file::open(base_path, true);
+  const std::string base_what = "BASE '" + base_path.string() + "'";
+  {
+    std::vector<canonical_tensor> expected;
+    for (const auto& m : d.tensors()) expected.push_back(m.tensor);
+    require_same_tensors(expected, "the delta '" + delta_path.string() + "'", base.header(),
+                         base_what);
+  }
+  const safetensors_header& target = d.target_header();
+  for (const auto& m : d.tensors()) {
+    const auto* b = base.find(m.tensor.name);
+    const auto* t = target.find(m.tensor.name);
+    DCR_EXPECTS(b->begin == t->begin && b->end == t->end, errc::invalid_argument,
+                "in-place apply needs " + base_what +
+                    " to lay its tensors out as the delta's target does, but tensor '" +
+                    m.tensor.name + "' is at buffer bytes " + std::to_string(b->begin) + ".." +
+                    std::to_string(b->end) + " in BASE and " + std::to_string(t->begin) + ".." +
+                    std::to_string(t->end) + " in the target; apply to a new file (-o) instead");
+  }
+  // The header to write: the target's, or the same JSON padded with spaces to BASE's length.
+  std::string header(d.target_header_json());
+  const std::uint64_t base_n = base.header().header_size();
+  if (header.size() != base_n) {
+    header.erase(header.find_last_not_of(' ') + 1);
+    DCR_EXPECTS(header.size() <= base_n, errc::invalid_argument,
+                "in-place apply: the target's JSON header (" + std::to_string(header.size()) +
+                    " bytes) does not fit in " + base_what + "'s (" + std::to_string(base_n) +
+                    " bytes); apply to a new file (-o) instead");
+    header.append(static_cast<std::size_t>(base_n) - header.size(), ' ');
+  }
+  report.tensors = d.tensors().size();
+  report.output_bytes = base.bytes().size();
+
+  const auto ranges = detail::ranges_in(d, base.header());
+  if (auto bad = detail::first_digest_mismatch(d, base.bytes(), ranges, false)) {
+    if (base.header_json() == header &&
+        !detail::first_digest_mismatch(d, base.bytes(), ranges, true)) {
+      report.already_applied = true;
+      report.seconds = detail::seconds_since(start);
+      return report;
+    }
+    throw error(errc::verification_failed,
+                "wrong base: " + detail::digest_mismatch_message(d, base.bytes(), ranges, *bad,
+                                                                 base_what, false));
+  }
+
+  // The journal: per delta payload, one redo payload (new words) and one undo payload (old).
+  {
+    delta_writer journal(journal_path(base_path), container_kind::journal, d.registry(), header,
+                         base.header_json());
+    for (tensor_id id = 0; id < d.tensors().size(); ++id)
+      journal.set_digests(id, d.tensors()[id].base_digest, d.tensors()[id].result_digest);
+    payload_decoder decoder;
+    payload_encoder encoder;
+    std::vector<item> items;
+    std::vector<item> undo;
+    std::vector<std::byte> bytes;
+    for (std::size_t i = 0; i < d.payload_count(); ++i) {
+      detail::decode_payload(decoder, d, i, items);
+      undo.resize(items.size());
+      for (std::size_t k = 0; k < items.size(); ++k) {
+        item& it = items[k];
+        item& u = undo[k];
+        u.tensor = it.tensor;
+        u.type = it.type;
+        u.enc = encoding::overwrite;
+        u.indices = it.indices;
+        u.values.resize(it.values.size());
+        const auto tensor = ranges.of(base.bytes(), it.tensor);
+        DCR_EXPECTS(it.indices.empty() || it.indices.back() < tensor.size() / it.word_bytes(),
+                    errc::out_of_range, d.where() + ": item index beyond its tensor");
+        visit_word(it.word_bytes(), [&]<class W>(W) {
+          visit_encoding(it.enc, [&](auto e) {
+            using E = decltype(e);
+            auto values = it.words<W>();
+            auto old_words = u.words<W>();
+            for (std::size_t r = 0; r < values.size(); ++r) {
+              const W old = dcr::detail::load_le<W>(tensor.data() + it.indices[r] * sizeof(W));
+              old_words[r] = old;
+              values[r] = E::apply(old, values[r]);
+            }
+          });
+        });
+        it.enc = encoding::overwrite;
+        report.records += it.count();
+      }
+      payload_header h;
+      h.registry_fingerprint = d.registry().fingerprint();
+      h.id = {delta_format::forward.base_version, delta_format::forward.target_version, 0, 0,
+              static_cast<std::uint32_t>(i)};
+      encoder.encode(h, items, d.registry(), bytes);
+      journal.append_payload(bytes);
+      h.id = {delta_format::backward.base_version, delta_format::backward.target_version, 0, 0,
+              static_cast<std::uint32_t>(i)};
+      encoder.encode(h, undo, d.registry(), bytes);
+      journal.append_payload(bytes);
+      ++report.payloads;
+    }
+    journal.finish();
+    detail::crash_point(options, in_place_step::journal_written);
+    journal.commit();
+    detail::crash_point(options, in_place_step::journal_committed);
+  }
+  base = safetensors_file();
+  rename_durably(base_path, working_path(base_path));
+  detail::crash_point(options, in_place_step::base_hidden);
+  const auto j = delta_file::open(journal_path(base_path), container_kind::journal);
+  recover_report r;
+  detail::finish_from_journal(j, base_path, options, r);
+  report.seconds = detail::seconds_since(start);
+  return report;
+}
+
+}  // namespace dcr::io

@@ -1,0 +1,464 @@
+// dcr/io/safetensors.hpp: reading and writing safetensors files, exactly as the public format
+// defines them (https://github.com/huggingface/safetensors, "Format"):
+//
+//   8 bytes      N, the header length, unsigned little-endian
+//   N bytes      the header: a UTF-8 JSON object starting with '{', possibly padded with trailing
+//                spaces. Each key is a tensor name mapping to
+//                {"dtype": "BF16", "shape": [d0, d1, ...], "data_offsets": [begin, end]};
+//                the optional key "__metadata__" maps to an object of string values.
+//   rest         the byte buffer. Offsets are relative to its start; the tensors, taken in
+//                offset order, cover it exactly (no holes, no overlaps, nothing after the last).
+//
+// Tensors may be listed in any order in the header; their data is little-endian, row-major.
+// The reader validates everything the reference implementation does, and says which file and
+// which tensor is wrong:
+//   - file of at least 8 bytes, N <= safetensors_max_header_size and N <= file size - 8;
+//   - header well-formed JSON (UTF-8), an object starting with '{', no duplicate keys;
+//   - each tensor an object with exactly "dtype", "shape" and "data_offsets"; a known dtype;
+//     a shape of non-negative integers whose element count times the dtype size fits 64 bits;
+//     data_offsets two integers begin <= end with end - begin == numel * dtype size;
+//   - the buffer covered exactly, in offset order, by the tensors;
+//   - "__metadata__", if present, an object of strings.
+// Errors are dcr::error: truncated_payload (file shorter than it declares), overflow (header
+// length or element count too large), corrupt_payload (malformed JSON or layout),
+// unsupported_version (unknown dtype), shape_mismatch (size disagrees with shape and dtype),
+// out_of_range (offsets beyond the buffer), io_error (the file cannot be read).
+//
+// The writer produces what the reference writer produces: compact JSON with "__metadata__"
+// first, the header padded with spaces to a multiple of 8 bytes, tensors laid out back to back
+// in the order given.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "dcr/canonical.hpp"
+#include "dcr/detail/varint.hpp"
+#include "dcr/dtype.hpp"
+#include "dcr/error.hpp"
+#include "dcr/io/file.hpp"
+
+namespace dcr::io {
+
+/// The largest header the reader accepts (the reference implementation's limit).
+inline constexpr std::uint64_t safetensors_max_header_size = 100'000'000;
+
+/// The "__metadata__" map: free-form string keys and values.
+using safetensors_metadata = std::map<std::string, std::string>;
+
+/// One tensor as a safetensors header describes it.
+struct safetensors_entry {
+  std::string name;
+  dtype type = dtype::bf16;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0;  ///< first byte, relative to the start of the data buffer
+  std::uint64_t end = 0;    ///< one past the last byte
+
+  [[nodiscard]] std::uint64_t numel() const noexcept {
+    std::uint64_t n = 1;
+    for (auto e : shape) n *= static_cast<std::uint64_t>(e);
+    return n;
+  }
+  [[nodiscard]] std::uint64_t size() const noexcept { return end - begin; }
+  [[nodiscard]] canonical_tensor canonical() const { return {name, type, shape}; }
+};
+
+/// A parsed, validated header (parse_safetensors / parse_safetensors_header make them).
+class safetensors_header {
+ public:
+  safetensors_header() = default;
+  /// Takes the parts as they are (the parser validated them); indexes the names.
+  safetensors_header(std::uint64_t header_size, std::uint64_t buffer_size,
+                     std::vector<safetensors_entry> tensors_in_offset_order,
+                     std::optional<safetensors_metadata> metadata)
+      : header_size_(header_size), buffer_size_(buffer_size),
+        tensors_(std::move(tensors_in_offset_order)), metadata_(std::move(metadata)) {
+    by_name_.reserve(tensors_.size());
+    for (std::size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
+  }
+
+  /// N: bytes of JSON (padding included) after the 8-byte length.
+  [[nodiscard]] std::uint64_t header_size() const noexcept { return header_size_; }
+  /// Bytes of the data buffer.
+  [[nodiscard]] std::uint64_t buffer_size() const noexcept { return buffer_size_; }
+  /// File offset of the data buffer: 8 + N.
+  [[nodiscard]] std::uint64_t data_offset() const noexcept { return 8 + header_size_; }
+  /// Total file size: 8 + N + buffer size.
+  [[nodiscard]] std::uint64_t file_size() const noexcept { return data_offset() + buffer_size_; }
+  /// The tensors in offset order (as laid out in the buffer).
+  [[nodiscard]] std::span<const safetensors_entry> tensors() const noexcept { return tensors_; }
+  /// "__metadata__", if the header has one.
+  [[nodiscard]] const std::optional<safetensors_metadata>& metadata() const noexcept {
+    return metadata_;
+  }
+  /// The tensor named `name`, or nullptr.
+  [[nodiscard]] const safetensors_entry* find(std::string_view name) const {
+    auto it = by_name_.find(std::string(name));
+    return it == by_name_.end() ? nullptr : &tensors_[it->second];
+  }
+  /// The tensors as canonical tensors (name, dtype, shape), in offset order.
+  [[nodiscard]] std::vector<canonical_tensor> canonical_tensors() const {
+    std::vector<canonical_tensor> c;
+    c.reserve(tensors_.size());
+    for (const auto& t : tensors_) c.push_back(t.canonical());
+    return c;
+  }
+
+ private:
+  std::uint64_t header_size_ = 0;
+  std::uint64_t buffer_size_ = 0;
+  std::vector<safetensors_entry> tensors_;
+  std::optional<safetensors_metadata> metadata_;
+  std::unordered_map<std::string, std::size_t> by_name_;
+};
+
+namespace detail {
+
+inline std::string quoted(std::string_view s) {
+  std::string q;
+  q.reserve(s.size() + 2);
+  q += '\'';
+  q += s;
+  q += '\'';
+  return q;
+}
+
+inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
+  if (!v.is_number_unsigned()) {
+    ok = false;
+    return 0;
+  }
+  return v.get<std::uint64_t>();
+}
+
+}  // namespace detail
+
+/// Parses and validates a safetensors JSON header. `json` is the N header bytes (padding
+/// included), `buffer_size` the bytes of data after it, `where` names the file in errors.
+/// Validation as described at the top of this file.
+[[nodiscard]] inline safetensors_header parse_safetensors_header(std::string_view json,
+                                                                 std::uint64_t buffer_size,
+                                                                 std::string_view where) {
+  const std::string file(where);
+  DCR_EXPECTS(!json.empty() && json.front() == '{', errc::corrupt_payload,
+              file + ": the JSON header does not start with '{'");
+  // Top-level duplicates: parse keeps the last; count the keys of the top object separately.
+  std::vector<std::string> top_keys;
+  std::optional<std::string> nested_duplicate;
+  nlohmann::json doc;
+  {
+    std::size_t depth = 0;
+    std::vector<std::vector<std::string>> nested;
+    auto callback = [&](int /*d*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      using ev = nlohmann::json::parse_event_t;
+      if (event == ev::object_start) {
+        ++depth;
+        if (depth > 1) nested.emplace_back();
+      } else if (event == ev::object_end) {
+        if (depth > 1 && !nested.empty()) nested.pop_back();
+        if (depth > 0) --depth;
+      } else if (event == ev::key && parsed.is_string()) {
+        const auto& k = parsed.get_ref<const std::string&>();
+        if (depth == 1) {
+          top_keys.push_back(k);
+        } else if (!nested.empty()) {
+          for (const auto& seen : nested.back())
+            if (seen == k && !nested_duplicate) nested_duplicate = k;
+          nested.back().push_back(k);
+        }
+      }
+      return true;
+    };
+    try {
+      doc = nlohmann::json::parse(json.begin(), json.end(), callback);
+    } catch (const nlohmann::json::exception& e) {
+      throw error(errc::corrupt_payload, file + ": the JSON header is malformed: " + e.what());
+    }
+  }
+  DCR_EXPECTS(doc.is_object(), errc::corrupt_payload,
+              file + ": the JSON header is not an object");
+  DCR_EXPECTS(!nested_duplicate, errc::corrupt_payload,
+              file + ": duplicate key " + detail::quoted(nested_duplicate.value_or("")) +
+                  " in the JSON header");
+  if (top_keys.size() != doc.size()) {
+    std::sort(top_keys.begin(), top_keys.end());
+    auto dup = std::adjacent_find(top_keys.begin(), top_keys.end());
+    throw error(errc::corrupt_payload,
+                file + ": the JSON header names " +
+                    detail::quoted(dup != top_keys.end() ? *dup : std::string("?")) + " twice");
+  }
+
+  std::optional<safetensors_metadata> metadata;
+  std::vector<safetensors_entry> tensors;
+  tensors.reserve(doc.size());
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& v = it.value();
+    if (name == "__metadata__") {
+      DCR_EXPECTS(v.is_object(), errc::corrupt_payload,
+                  file + ": \"__metadata__\" is not an object");
+      safetensors_metadata m;
+      for (auto kv = v.begin(); kv != v.end(); ++kv) {
+        DCR_EXPECTS(kv.value().is_string(), errc::corrupt_payload,
+                    file + ": \"__metadata__\" value of " + detail::quoted(kv.key()) +
+                        " is not a string");
+        m.emplace(kv.key(), kv.value().get<std::string>());
+      }
+      metadata = std::move(m);
+      continue;
+    }
+    const std::string at = file + ": tensor " + detail::quoted(name);
+    DCR_EXPECTS(!name.empty(), errc::corrupt_payload, file + ": a tensor has an empty name");
+    DCR_EXPECTS(v.is_object(), errc::corrupt_payload, at + ": entry is not an object");
+    for (auto kv = v.begin(); kv != v.end(); ++kv)
+      DCR_EXPECTS(kv.key() == "dtype" || kv.key() == "shape" || kv.key() == "data_offsets",
+                  errc::corrupt_payload, at + ": unknown field " + detail::quoted(kv.key()));
+    DCR_EXPECTS(v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+                errc::corrupt_payload,
+                at + ": entry lacks one of \"dtype\", \"shape\", \"data_offsets\"");
+    const auto& dt = v["dtype"];
+    DCR_EXPECTS(dt.is_string(), errc::corrupt_payload, at + ": \"dtype\" is not a string");
+    const auto type = parse_dtype(dt.get_ref<const std::string&>());
+    DCR_EXPECTS(type.has_value(), errc::unsupported_version,
+                at + ": unknown dtype " + detail::quoted(dt.get_ref<const std::string&>()));
+
+    safetensors_entry e;
+    e.name = name;
+    e.type = *type;
+    const auto& shape = v["shape"];
+    DCR_EXPECTS(shape.is_array(), errc::corrupt_payload, at + ": \"shape\" is not an array");
+    // A zero extent makes the product 0 whatever the other extents are.
+    const bool empty = std::any_of(shape.begin(), shape.end(),
+                                   [](const auto& d) { return d.is_number() && d == 0; });
+    std::uint64_t numel = empty ? 0 : 1;
+    bool numel_overflows = false;
+    for (const auto& d : shape) {
+      bool ok = true;
+      const std::uint64_t extent = detail::json_u64(d, ok);
+      DCR_EXPECTS(ok, errc::corrupt_payload,
+                  at + ": \"shape\" holds " + d.dump() + ", not a non-negative integer");
+      DCR_EXPECTS(extent <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                  errc::overflow, at + ": extent " + std::to_string(extent) + " is too large");
+      if (!empty && numel > std::numeric_limits<std::uint64_t>::max() / extent)
+        numel_overflows = true;
+      else
+        numel *= extent;
+      e.shape.push_back(static_cast<std::int64_t>(extent));
+    }
+    const std::uint64_t word = dtype_size(e.type);
+    DCR_EXPECTS(!numel_overflows && numel <= std::numeric_limits<std::uint64_t>::max() / word &&
+                    numel <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                errc::overflow, at + ": the element count of its shape overflows");
+
+    const auto& offsets = v["data_offsets"];
+    DCR_EXPECTS(offsets.is_array() && offsets.size() == 2, errc::corrupt_payload,
+                at + ": \"data_offsets\" is not an array of two integers");
+    bool ok = true;
+    e.begin = detail::json_u64(offsets[0], ok);
+    e.end = detail::json_u64(offsets[1], ok);
+    DCR_EXPECTS(ok, errc::corrupt_payload,
+                at + ": \"data_offsets\" " + offsets.dump() + " are not non-negative integers");
+    DCR_EXPECTS(e.begin <= e.end, errc::corrupt_payload,
+                at + ": \"data_offsets\" " + offsets.dump() + " begin after they end");
+    DCR_EXPECTS(e.end <= buffer_size, errc::out_of_range,
+                at + ": \"data_offsets\" " + offsets.dump() + " end beyond the " +
+                    std::to_string(buffer_size) + "-byte data buffer");
+    DCR_EXPECTS(e.end - e.begin == numel * word, errc::shape_mismatch,
+                at + ": " + std::to_string(e.end - e.begin) + " bytes, but " +
+                    std::to_string(numel) + " elements of " + std::string(dtype_name(e.type)) +
+                    " take " + std::to_string(numel * word));
+    tensors.push_back(std::move(e));
+  }
+
+  // In offset order the tensors must tile the buffer: each begins where the previous ended.
+  std::stable_sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t at = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    if (t.begin < at)
+      throw error(errc::corrupt_payload, file + ": tensor " + detail::quoted(t.name) +
+                                             " (bytes " + std::to_string(t.begin) + ".." +
+                                             std::to_string(t.end) + ") overlaps tensor " +
+                                             detail::quoted(tensors[i - 1].name));
+    if (t.begin > at)
+      throw error(errc::corrupt_payload,
+                  file + ": data bytes " + std::to_string(at) + ".." + std::to_string(t.begin) +
+                      " before tensor " + detail::quoted(t.name) + " belong to no tensor");
+    at = t.end;
+  }
+  DCR_EXPECTS(at == buffer_size, errc::corrupt_payload,
+              file + ": data bytes " + std::to_string(at) + ".." + std::to_string(buffer_size) +
+                  " after the last tensor belong to no tensor");
+  return safetensors_header(json.size(), buffer_size, std::move(tensors), std::move(metadata));
+}
+
+/// Parses and validates a whole safetensors file held in `file_bytes`; `where` names it in
+/// errors.
+[[nodiscard]] inline safetensors_header parse_safetensors(std::span<const std::byte> file_bytes,
+                                                          std::string_view where) {
+  const std::string file(where);
+  DCR_EXPECTS(file_bytes.size() >= 8, errc::truncated_payload,
+              file + ": " + std::to_string(file_bytes.size()) +
+                  " bytes, shorter than the 8-byte header length");
+  const auto n = dcr::detail::load_le<std::uint64_t>(file_bytes.data());
+  DCR_EXPECTS(n <= safetensors_max_header_size, errc::overflow,
+              file + ": header length " + std::to_string(n) + " exceeds the limit of " +
+                  std::to_string(safetensors_max_header_size) + " bytes");
+  DCR_EXPECTS(n <= file_bytes.size() - 8, errc::truncated_payload,
+              file + ": header length " + std::to_string(n) + " but only " +
+                  std::to_string(file_bytes.size() - 8) + " bytes follow it");
+  const std::string_view json(reinterpret_cast<const char*>(file_bytes.data() + 8),
+                              static_cast<std::size_t>(n));
+  return parse_safetensors_header(json, file_bytes.size() - 8 - n, where);
+}
+
+/// A safetensors file mapped read-only and validated. Tensor data is read in place.
+class safetensors_file {
+ public:
+  safetensors_file() = default;
+
+  /// Maps and validates `path`. `populate` pre-faults the whole file (for whole-file passes).
+  static safetensors_file open(const std::filesystem::path& path, bool populate = false) {
+    safetensors_file f;
+    f.file_ = mapped_file::open_read(path, populate);
+    f.header_ = parse_safetensors(f.file_.bytes(), path.string());
+    return f;
+  }
+
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return file_.path(); }
+  [[nodiscard]] const safetensors_header& header() const noexcept { return header_; }
+  [[nodiscard]] std::span<const safetensors_entry> tensors() const noexcept {
+    return header_.tensors();
+  }
+  [[nodiscard]] const std::optional<safetensors_metadata>& metadata() const noexcept {
+    return header_.metadata();
+  }
+  [[nodiscard]] const safetensors_entry* find(std::string_view name) const {
+    return header_.find(name);
+  }
+  /// The whole file.
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return file_.bytes(); }
+  /// The N header bytes (JSON and padding).
+  [[nodiscard]] std::string_view header_json() const noexcept {
+    return {reinterpret_cast<const char*>(file_.bytes().data() + 8),
+            static_cast<std::size_t>(header_.header_size())};
+  }
+  /// The bytes of tensor `t` (an entry of this file).
+  [[nodiscard]] std::span<const std::byte> data(const safetensors_entry& t) const noexcept {
+    return file_.bytes().subspan(static_cast<std::size_t>(header_.data_offset() + t.begin),
+                                 static_cast<std::size_t>(t.size()));
+  }
+
+ private:
+  mapped_file file_;
+  safetensors_header header_;
+};
+
+/// A tensor to write: name, dtype, shape and its little-endian row-major bytes.
+struct safetensors_tensor {
+  std::string name;
+  dtype type = dtype::bf16;
+  std::vector<std::int64_t> shape;
+  std::span<const std::byte> data;
+};
+
+/// The N header bytes the reference writer would produce for `tensors` laid out back to back
+/// in the given order: compact JSON, "__metadata__" first when `metadata` is given, padded with
+/// spaces to a multiple of 8 bytes. Throws invalid_argument for an empty, duplicate or
+/// "__metadata__" tensor name or a name or metadata string that is not UTF-8, shape_mismatch
+/// when data.size() != numel * dtype size, and for a negative extent.
+[[nodiscard]] inline std::string make_safetensors_header(
+    std::span<const safetensors_tensor> tensors,
+    const std::optional<safetensors_metadata>& metadata = std::nullopt) {
+  nlohmann::ordered_json doc = nlohmann::ordered_json::object();
+  if (metadata) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : *metadata) m[k] = v;
+    doc["__metadata__"] = std::move(m);
+  }
+  std::uint64_t at = 0;
+  for (const auto& t : tensors) {
+    const std::string where = "safetensors writer: tensor '" + t.name + "'";
+    DCR_EXPECTS(!t.name.empty() && t.name != "__metadata__", errc::invalid_argument,
+                "safetensors writer: invalid tensor name '" + t.name + "'");
+    DCR_EXPECTS(!doc.contains(t.name), errc::invalid_argument, where + " appears twice");
+    std::uint64_t numel = 1;
+    for (auto e : t.shape) {
+      DCR_EXPECTS(e >= 0, errc::invalid_argument, where + ": negative extent");
+      numel *= static_cast<std::uint64_t>(e);
+    }
+    DCR_EXPECTS(t.data.size() == numel * dtype_size(t.type), errc::shape_mismatch,
+                where + ": " + std::to_string(t.data.size()) + " bytes for " +
+                    std::to_string(numel) + " elements of " + std::string(dtype_name(t.type)));
+    nlohmann::ordered_json e = nlohmann::ordered_json::object();
+    e["dtype"] = std::string(dtype_name(t.type));
+    e["shape"] = t.shape;
+    e["data_offsets"] = {at, at + t.data.size()};
+    doc[t.name] = std::move(e);
+    at += t.data.size();
+  }
+  std::string json;
+  try {
+    json = doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
+  } catch (const nlohmann::json::exception& e) {
+    throw error(errc::invalid_argument,
+                std::string("safetensors writer: a name or metadata string is not UTF-8: ") +
+                    e.what());
+  }
+  json.append((8 - json.size() % 8) % 8, ' ');
+  return json;
+}
+
+/// A whole safetensors file in memory (make_safetensors_header's layout and checks).
+[[nodiscard]] inline std::vector<std::byte> serialize_safetensors(
+    std::span<const safetensors_tensor> tensors,
+    const std::optional<safetensors_metadata>& metadata = std::nullopt) {
+  const std::string json = make_safetensors_header(tensors, metadata);
+  std::size_t total = 8 + json.size();
+  for (const auto& t : tensors) total += t.data.size();
+  std::vector<std::byte> out(total);
+  dcr::detail::store_le<std::uint64_t>(out.data(), json.size());
+  std::memcpy(out.data() + 8, json.data(), json.size());
+  std::size_t at = 8 + json.size();
+  for (const auto& t : tensors) {
+    if (!t.data.empty()) std::memcpy(out.data() + at, t.data.data(), t.data.size());
+    at += t.data.size();
+  }
+  return out;
+}
+
+/// Writes a safetensors file at `path` atomically (temporary file beside it, fsync, rename,
+/// fsync of the directory): `path` holds either its old content or the whole new file.
+inline void write_safetensors(const std::filesystem::path& path,
+                              std::span<const safetensors_tensor> tensors,
+                              const std::optional<safetensors_metadata>& metadata = std::nullopt) {
+  const std::string json = make_safetensors_header(tensors, metadata);
+  atomic_file out(path);
+  std::byte length[8];
+  dcr::detail::store_le<std::uint64_t>(length, json.size());
+  out.write_at(length, 0);
+  out.write_at(std::as_bytes(std::span<const char>(json)), 8);
+  std::uint64_t at = 8 + json.size();
+  for (const auto& t : tensors) {
+    out.write_at(t.data, at);
+    at += t.data.size();
+  }
+  out.commit();
+}
+
+}  // namespace dcr::io
