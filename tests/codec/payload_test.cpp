@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "error_capture.hpp"
 #include "dcr/codec/choose.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/values.hpp"
@@ -98,25 +99,8 @@ dcr::payload_header make_header() {
   return h;
 }
 
-template <class F>
-errc code_of(F&& f) {
-  try {
-    f();
-  } catch (const dcr::error& e) {
-    return e.dcr_code();
-  }
-  return errc::ok;
-}
-
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const dcr::error& e) {
-    return e.what();
-  }
-  return {};
-}
+using codec_test::code_of;
+using codec_test::message_of;
 
 enum class pattern { empty, first, last, dense, sparse };
 

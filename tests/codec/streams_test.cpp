@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "error_capture.hpp"
 #include "dcr/codec/streams.hpp"
 #include "dcr/detail/bitpack.hpp"
 #include "dcr/detail/huffman.hpp"
@@ -26,25 +27,8 @@ namespace d = dcr::detail;
 
 const auto where = [] { return std::string("test"); };
 
-template <class F>
-errc code_of(F&& f) {
-  try {
-    f();
-  } catch (const dcr::error& e) {
-    return e.dcr_code();
-  }
-  return errc::ok;
-}
-
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const dcr::error& e) {
-    return e.what();
-  }
-  return {};
-}
+using codec_test::code_of;
+using codec_test::message_of;
 
 template <class W>
 std::vector<W> special_words(std::mt19937_64& rng, std::size_t n) {
