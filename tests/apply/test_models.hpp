@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "../error_capture.hpp"
 #include "dcr/apply/apply.hpp"
 #include "dcr/codec/values.hpp"
 #include "test_engine.hpp"
@@ -161,26 +162,6 @@ inline model_config random_config(std::mt19937_64& rng, dtype type) {
   return c;
 }
 
-/// The dcr::errc a callable throws, errc::ok when it returns.
-template <class F>
-dcr::errc code_of(F&& f) {
-  try {
-    f();
-  } catch (const dcr::error& e) {
-    return e.dcr_code();
-  }
-  return dcr::errc::ok;
-}
-
-/// The message of the dcr::error a callable throws ("" when it returns).
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const dcr::error& e) {
-    return e.what();
-  }
-  return "";
-}
+// code_of and message_of: tests/error_capture.hpp (namespace dcr_test).
 
 }  // namespace dcr_test

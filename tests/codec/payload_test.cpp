@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "error_capture.hpp"
+#include "../error_capture.hpp"
 #include "dcr/codec/choose.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/values.hpp"
@@ -99,8 +99,8 @@ dcr::payload_header make_header() {
   return h;
 }
 
-using codec_test::code_of;
-using codec_test::message_of;
+using dcr_test::code_of;
+using dcr_test::message_of;
 
 enum class pattern { empty, first, last, dense, sparse };
 

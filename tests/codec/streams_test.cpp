@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "error_capture.hpp"
+#include "../error_capture.hpp"
 #include "dcr/codec/streams.hpp"
 #include "dcr/detail/bitpack.hpp"
 #include "dcr/detail/huffman.hpp"
@@ -27,8 +27,8 @@ namespace d = dcr::detail;
 
 const auto where = [] { return std::string("test"); };
 
-using codec_test::code_of;
-using codec_test::message_of;
+using dcr_test::code_of;
+using dcr_test::message_of;
 
 template <class W>
 std::vector<W> special_words(std::mt19937_64& rng, std::size_t n) {

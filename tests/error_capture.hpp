@@ -1,12 +1,12 @@
-// tests/codec/error_capture.hpp: what a call throws, as a value, for assertions on error classes
-// and messages. Shared by the codec test files.
+// tests/error_capture.hpp: what a call throws, as a value, for assertions on error classes
+// and messages. Shared by the test suites.
 #pragma once
 
 #include <string>
 
 #include "dcr/error.hpp"
 
-namespace codec_test {
+namespace dcr_test {
 
 /// The dcr::errc a call throws, or errc::ok when it returns.
 template <class F>
@@ -30,4 +30,4 @@ std::string message_of(F&& f) {
   return {};
 }
 
-}  // namespace codec_test
+}  // namespace dcr_test
