@@ -36,6 +36,8 @@ enum class errc : int {
   overflow = 19,               ///< a size or count does not fit its field
   device_error = 20,           ///< a CUDA runtime call failed
   registry_mismatch = 21,      ///< payload or record built for another model (fingerprint)
+  control_plane_unavailable = 22,  ///< the control plane (file store, etcd) could not be reached
+  deadline_exceeded = 23,      ///< a protocol wait ran past its deadline
 };
 
 /// The category of `dcr::errc`; name "dcr".
@@ -81,6 +83,8 @@ class error_category_impl final : public std::error_category {
       case errc::overflow: return "size overflow";
       case errc::device_error: return "device error";
       case errc::registry_mismatch: return "registry mismatch";
+      case errc::control_plane_unavailable: return "control plane unavailable";
+      case errc::deadline_exceeded: return "deadline exceeded";
     }
     return "unknown dcr error";
   }
