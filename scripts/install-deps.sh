@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(build-essential pkg-config meson ninja-build ccache libzstd-dev libxxhash-dev libfmt-dev
           doctest-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev zstd xdelta3 clang
-          libclang-rt-14-dev)
+          libclang-rt-14-dev libcurl4-openssl-dev etcd-server etcd-client)
 
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi

@@ -20,7 +20,7 @@
 //     starts at 1, not 0;
 //   - etcd's minimum lease TTL is 1.5 election timeouts (2 s with default settings): a shorter
 //     ttl is granted as that minimum; expiry is noticed by the lease leader a little after the
-//     TTL (up to about 0.5 s later), and until then the record is still read;
+//     TTL (typically within a second), and until then the record is still read;
 //   - a transaction holds at most etcd's --max-txn-ops writes (128 by default), a request at
 //     most --max-request-bytes (1.5 MiB by default); beyond that etcd rejects it
 //     (errc::invalid_argument).
