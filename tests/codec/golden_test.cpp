@@ -363,7 +363,7 @@ struct error_case {
   errc expected;
   std::string expected_name;
   dcr::tensor_registry registry;
-  dcr::transition_filter attempt;
+  dcr::attempt_key attempt;
   bytes_t payload;
 };
 

@@ -97,7 +97,7 @@ dcr::payload_header header_for(const dcr::tensor_registry& r) {
 }
 
 /// The attempt every error case's receiver is at (that of header_for()).
-const dcr::transition_filter receiver_attempt{41, 42, 3};
+const dcr::attempt_key receiver_attempt{41, 42, 3};
 
 // ======================================================================= items
 
@@ -743,7 +743,7 @@ std::size_t entry_with(const golden_case& c, location_coding lc, std::size_t min
   fail(c.name + ": no entry in location coding " + name_of(location_names, lc));
 }
 
-errc decode_error(const bytes_t& b, const dcr::tensor_registry& r, const dcr::transition_filter* f) {
+errc decode_error(const bytes_t& b, const dcr::tensor_registry& r, const dcr::attempt_key* f) {
   dcr::payload_decoder dec;
   std::vector<item> items;
   try {

@@ -282,7 +282,7 @@ std::vector<item> small_items() {
           random_item("e.u8", encoding::overwrite, pattern::first, rng)};
 }
 
-errc decode_code(const bytes_t& b, const dcr::transition_filter* expect = nullptr) {
+errc decode_code(const bytes_t& b, const dcr::attempt_key* expect = nullptr) {
   dcr::payload_decoder dec;
   std::vector<item> items;
   return code_of([&] { dec.decode(b, registry(), items, expect); });
@@ -923,11 +923,11 @@ TEST_CASE("errors: header fields") {
 
 TEST_CASE("errors: stale transitions and foreign registries") {
   const bytes_t good = encode(small_items());
-  const dcr::transition_filter ok{41, 42, 3};
+  const dcr::attempt_key ok{41, 42, 3};
   CHECK(decode_code(good, &ok) == errc::ok);
-  for (const dcr::transition_filter f :
-       {dcr::transition_filter{40, 42, 3}, dcr::transition_filter{41, 43, 3},
-        dcr::transition_filter{41, 42, 4}})
+  for (const dcr::attempt_key f :
+       {dcr::attempt_key{40, 42, 3}, dcr::attempt_key{41, 43, 3},
+        dcr::attempt_key{41, 42, 4}})
     CHECK(decode_code(good, &f) == errc::stale_payload);
   bytes_t foreign = good;
   put(foreign, 16, registry().fingerprint() + 1, 8);

@@ -232,7 +232,7 @@ class target {
     check_items_against_table();
 
     // A filter for another transition is refused.
-    const dcr::transition_filter stale{header.id.base_version + 1, header.id.target_version,
+    const dcr::attempt_key stale{header.id.base_version + 1, header.id.target_version,
                                        header.id.attempt};
     try {
       (void)check_decoder_.decode(bytes, registry_, items2_, &stale);
@@ -246,7 +246,7 @@ class target {
     dcr::payload_encoder& enc = encoder(reencode_options(mode));
     must("payload_encoder::encode of decoded items",
          [&] { enc.encode(header, items_, registry_, reencoded_); });
-    const dcr::transition_filter same{header.id.base_version, header.id.target_version,
+    const dcr::attempt_key same{header.id.base_version, header.id.target_version,
                                       header.id.attempt};
     const auto h2 = must("decode of re-encoded items under their own filter", [&] {
       return check_decoder_.decode(reencoded_, registry_, items2_, &same);

@@ -9,6 +9,7 @@
 
 #include "args.hpp"
 #include "dcr/sim/deployment.hpp"
+#include "simulate_processes.hpp"
 
 namespace dcr_tool {
 namespace {
@@ -25,6 +26,28 @@ converted by a residual task, fused gate/up, row/column splits, stacked experts)
 ranks with their own TP and a vLLM-style layout (fused qkv and gate_up, padded vocab-parallel
 embeddings, fp32/bf16 norm copies, transposed router, expert parallel), verified bit for bit
 against a dense refit through the same engine loader after every step.
+
+By default the coordinator, every owner and every receiver run as separate processes that talk
+only through a filesystem payload store and a filesystem control plane in a fresh temporary
+directory (removed at the end unless --keep); each computes only its own part of the model from
+the seed and step, and each receiver checks its own storage against a dense refit it computes.
+
+processes:
+  --in-process          one process plays every role (in-memory store and control plane)
+  --commit C            file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory (= --in-process)
+                        (default file, in the work directory)
+  --store DIR           filesystem payload store directory (default: in the work directory)
+  --keep                keep the work directory (control plane, payloads, per-process results)
+  --kill ROLE[/ID]:STEP SIGKILL receiver/owner/coordinator ID (default 0) in the middle of step
+                        STEP (a receiver during apply, an owner while putting payloads, the
+                        coordinator with every acknowledgement in and before the commit); it is
+                        started again and recovers; repeatable
+  --commit-outage STEP  the control plane is unreachable for 3 s during step STEP (the file
+                        store's directory moved aside; an etcd server whose pid is in
+                        DCR_ETCD_PID frozen with SIGSTOP)
+  --async               receivers stage payloads while serving and apply after the last one
+  --no-pipeline         owners build every chunk before packing and putting any
+  --timeout SECONDS     deadline of every protocol wait (default 300)
 
 options:
   --size BYTES          model size, suffix K/M/G allowed (default 1G)
@@ -44,7 +67,8 @@ options:
   --encoding E          mixed | xor | ulp | overwrite (default mixed)
   --level N             zstd level (default 1)
   --bucket-mb N         raw record MB per payload (default 64)
-  --fault F             none | duplicate | corrupt | drop-receiver (default none)
+  --fault F             none | duplicate | corrupt | drop-receiver | reorder | delay | stale
+                        (default none; stale, reorder and delay need separate processes)
   --fault-step N        step whose first attempt gets the fault (default 2)
   --json                print the report as JSON instead of tables
   -h, --help            this text
@@ -122,7 +146,42 @@ int simulate_main(const std::vector<std::string>& argv) {
   const auto fault_text = args.value("--fault", "none");
   const auto fault_step = args.integer("--fault-step", 2);
   const bool json = args.flag("--json");
+  simulate_settings ps;
+  ps.argv = argv;
+  ps.commit = args.value("--commit", "file");
+  ps.store = args.value("--store", "");
+  ps.keep = args.flag("--keep");
+  ps.asynchronous = args.flag("--async");
+  ps.pipelined = !args.flag("--no-pipeline");
+  ps.commit_outage = args.integer("--commit-outage", -1);
+  ps.timeout_seconds = args.real("--timeout", 300);
+  for (std::string k = args.value("--kill", ""); !k.empty(); k = args.value("--kill", "")) {
+    const auto colon = k.find(':');
+    if (colon == std::string::npos) throw usage_error("--kill needs ROLE[/ID]:STEP, got '" + k + "'");
+    kill_request kr;
+    kr.role = k.substr(0, colon);
+    if (const auto slash = kr.role.find('/'); slash != std::string::npos) {
+      kr.id = std::stoi(kr.role.substr(slash + 1));
+      kr.role = kr.role.substr(0, slash);
+    }
+    if (kr.role != "receiver" && kr.role != "owner" && kr.role != "coordinator")
+      throw usage_error("--kill: ROLE must be receiver, owner or coordinator");
+    kr.step = std::stoll(k.substr(colon + 1));
+    ps.kills.push_back(kr);
+  }
+  ps.role = args.value("--role", "");
+  ps.id = static_cast<int>(args.integer("--id", 0));
+  ps.workdir = args.value("--workdir", "");
+  ps.restarted = args.flag("--restarted");
+  const bool in_process = args.flag("--in-process") || ps.commit == "memory";
   args.finish();
+  if (ps.commit != "file" && ps.commit != "memory" && ps.commit.rfind("file:", 0) != 0 &&
+      ps.commit.rfind("etcd://", 0) != 0 && ps.commit.rfind("etcds://", 0) != 0)
+    throw usage_error("--commit must be file[:DIR], etcd://HOST:PORT[/PREFIX] or memory");
+  if (in_process && (!ps.kills.empty() || ps.commit_outage >= 0 || ps.asynchronous))
+    throw usage_error("--kill, --commit-outage and --async need separate processes (not --in-process)");
+  if (in_process && (fault_text == "reorder" || fault_text == "delay" || fault_text == "stale"))
+    throw usage_error("--fault " + fault_text + " needs separate processes (not --in-process)");
 
   std::optional<dcr::dtype> type;
   if (dtype_text == "bf16") type = dcr::dtype::bf16;
@@ -161,8 +220,31 @@ int simulate_main(const std::vector<std::string>& argv) {
   options.codec.zstd_level = level;
   options.bucket_bytes = static_cast<std::size_t>(bucket_mb) << 20;
   if (fault_text != "none" && fault_text != "duplicate" && fault_text != "corrupt" &&
-      fault_text != "drop-receiver")
-    throw usage_error("--fault must be none, duplicate, corrupt or drop-receiver");
+      fault_text != "drop-receiver" && fault_text != "reorder" && fault_text != "delay" &&
+      fault_text != "stale")
+    throw usage_error("--fault must be none, duplicate, corrupt, drop-receiver, reorder, delay or stale");
+
+  if (!in_process) {
+    ps.size = size;
+    ps.steps = steps;
+    ps.rate = rate;
+    ps.seed = seed;
+    ps.model = dcr::sim::moe_config::for_bytes(size, *type);
+    ps.model.tie_embeddings = tie;
+    ps.trainer_tp = trainer_tp;
+    ps.trainer_dp = trainer_dp;
+    ps.receiver_tp = receiver_tp;
+    ps.trainer_layout = trainer_layout;
+    ps.engine_layout = engine_layout;
+    ps.path = path;
+    ps.apply_path_text = apply_path_text;
+    ps.options = options;
+    ps.fault = fault_text;
+    ps.fault_step = fault_step;
+    ps.json = json;
+    if (!ps.role.empty()) return run_simulate_agent(ps);
+    return run_simulate_processes(ps);
+  }
 
   // ---- Model, trainer, owners, receivers (dense-loaded with version 0), commit record.
   const auto setup_start = clock_type::now();

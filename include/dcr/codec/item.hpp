@@ -59,6 +59,17 @@ struct item {
   }
 };
 
+/// One attempt of one transition: the unit an attempt record fences and a manifest describes.
+/// A restore of version v (a dense overwrite for receivers that join) is the "transition"
+/// v -> v with its own attempt numbers.
+struct attempt_key {
+  std::uint64_t base_version = 0;
+  std::uint64_t target_version = 0;
+  std::uint32_t attempt = 0;
+  friend constexpr bool operator==(const attempt_key&, const attempt_key&) = default;
+  friend constexpr auto operator<=>(const attempt_key&, const attempt_key&) = default;
+};
+
 /// Identifies one payload; receivers apply each id at most once per transition.
 struct payload_id {
   std::uint64_t base_version = 0;
@@ -69,6 +80,11 @@ struct payload_id {
   friend constexpr bool operator==(const payload_id&, const payload_id&) = default;
   friend constexpr auto operator<=>(const payload_id&, const payload_id&) = default;
 };
+
+/// The attempt a payload belongs to.
+constexpr attempt_key attempt_of(const payload_id& id) noexcept {
+  return {id.base_version, id.target_version, id.attempt};
+}
 
 /// The header fields a payload carries besides its items.
 struct payload_header {

@@ -49,12 +49,6 @@ inline constexpr std::size_t entry_size = 64;
 inline constexpr std::size_t trailer_size = 8;  ///< the XXH3-64 checksum
 }  // namespace payload_format
 
-/// What a receiver expects: a payload of another transition or attempt is stale.
-struct transition_filter {
-  std::uint64_t base_version;
-  std::uint64_t target_version;
-  std::uint32_t attempt;
-};
 
 /// One item table entry, as stored. Codes are raw bytes because the table is readable before
 /// they are checked against what this decoder supports.
@@ -433,7 +427,7 @@ class payload_decoder {
   /// 10 bytes a record plus 16, or numel / 8 bytes for a bitmap), with count <= the registry's
   /// numel, and no frame may claim more than 32768 bytes per compressed byte.
   payload_header decode(std::span<const std::byte> bytes, const tensor_registry& registry,
-                        std::vector<item>& items, const transition_filter* expect = nullptr) {
+                        std::vector<item>& items, const attempt_key* expect = nullptr) {
     const payload_header header = read_table(bytes, entries_);
     if (expect != nullptr) {
       DCR_EXPECTS(header.id.base_version == expect->base_version &&

@@ -9,19 +9,12 @@
 #include <cstdint>
 #include <optional>
 
+#include "dcr/protocol/records.hpp"
+
 namespace dcr {
 
 /// Opt-in tag: a commit store declares `using commit_store_concept = dcr::commit_store_tag;`.
 struct commit_store_tag {};
-
-/// The durable record of the committed policy version.
-struct commit_record {
-  std::uint64_t version = 0;               ///< committed policy version
-  std::uint32_t attempt = 0;               ///< attempt of the transition that produced it
-  std::uint64_t registry_fingerprint = 0;  ///< model the version belongs to
-  std::uint64_t epoch = 0;                 ///< incremented by every successful compare-and-set
-  friend constexpr bool operator==(const commit_record&, const commit_record&) = default;
-};
 
 template <class S>
 concept commit_store =

@@ -119,8 +119,8 @@ inline constexpr std::size_t max_name_length = 65535;
 inline constexpr std::size_t max_rank = 255;
 /// Payload ids: delta and redo payloads are transition 0 -> 1, undo payloads 1 -> 0, attempt
 /// 0, owner 0, sequence = position among payloads of their direction.
-inline constexpr transition_filter forward{0, 1, 0};
-inline constexpr transition_filter backward{1, 0, 0};
+inline constexpr attempt_key forward{0, 1, 0};
+inline constexpr attempt_key backward{1, 0, 0};
 }  // namespace delta_format
 
 /// One manifest entry: a tensor of the checkpoint and the digests of its bytes before and after.
@@ -216,7 +216,7 @@ class delta_file {
   /// Number of undo payloads.
   [[nodiscard]] std::size_t undo_count() const noexcept { return undo_count_; }
   /// The transition payload i must carry, and its sequence number.
-  [[nodiscard]] transition_filter expected_transition(std::size_t i) const {
+  [[nodiscard]] attempt_key expected_transition(std::size_t i) const {
     return is_undo(i) ? delta_format::backward : delta_format::forward;
   }
   [[nodiscard]] std::uint32_t expected_sequence(std::size_t i) const { return sequence_.at(i); }

@@ -237,7 +237,7 @@ transition_report run_transition(const tensor_registry& registry, std::span<owne
     // Joint commit.
     if (all_applied) {
       const auto c0 = clock::now();
-      const commit_record next{base_version + 1, a, registry.fingerprint(), committed->epoch + 1};
+      const commit_record next{base_version + 1, a, registry.fingerprint(), committed->membership_epoch + 1};
       DCR_EXPECTS(commits.compare_and_set(committed, next), errc::commit_conflict,
                   "run_transition: commit record changed during the transition");
       for (auto& binding : owners)

@@ -24,6 +24,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include <xxhash.h>
+
+#include <iterator>
+#include <map>
+
 #include "dcr/codec/choose.hpp"
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
@@ -34,7 +39,21 @@
 
 namespace dcr {
 
-/// Timings and counts of one build_items() call.
+/// What an owner sends for an attempt.
+enum class build_mode : std::uint8_t {
+  /// The changed set: the words that differ from the trackers (and the rebuilt residual
+  /// elements that differ from the residual baseline), united with every element an earlier
+  /// attempt of the same transition sent, so that a retry built from changed candidates still
+  /// overwrites whatever a failed attempt wrote.
+  changes,
+  /// Every element of every canonical tensor the owner produces, as overwrites of the given
+  /// words (a dense restore of the committed version when the trackers are passed as the
+  /// candidates, or a dense refit when the history of the transition is unknown).
+  dense,
+};
+
+/// Timings and counts of one build_items() or build_chunk() call (summed over the chunks of an
+/// attempt until the next chunk 0).
 struct owner_stats {
   // Affine tasks.
   std::uint64_t compared_bytes = 0;    ///< candidate bytes of affine shards compared with trackers
@@ -69,6 +88,8 @@ class owner {
     validate_task_set(registry, tasks_, residual_);
     trackers_.resize(tasks_.size());
     changed_.resize(tasks_.size());
+    transition_changed_.resize(tasks_.size());
+
     for (const auto& t : tasks_)
       for (auto target : t.targets) add_slot(target, false);
     residual_state_.resize(residual_.size());
@@ -82,6 +103,8 @@ class owner {
       st.changed_inputs.resize(task.inputs.size());
       st.baseline.resize(task.outputs.size());
       st.selected.assign(task.outputs.size(), 0);
+      st.union_indices.resize(task.outputs.size());
+      st.union_selected.assign(task.outputs.size(), 0);
       for (const auto& out : task.outputs) {
         st.output_slot.push_back(add_slot(out.tensor, true));
         max_output = std::max(max_output,
@@ -95,7 +118,61 @@ class owner {
     std::iota(slot_order_.begin(), slot_order_.end(), 0u);
     std::sort(slot_order_.begin(), slot_order_.end(),
               [&](auto a, auto b) { return targets_[a] < targets_[b]; });
+    set_chunk_bytes(std::size_t{64} << 20);
   }
+
+  /// Groups the tasks into chunks of whole canonical tensors of about `bytes` source bytes
+  /// each (affine tasks that share a target tensor always share a chunk; each residual task is
+  /// a chunk of its own), in tensor id order. Chunks are the unit of pipelining: build_chunk(k)
+  /// emits the items of chunk k only, so that chunk k can be packed and sent while k + 1 is
+  /// built.
+  void set_chunk_bytes(std::size_t bytes) {
+    // Affine tasks connected through shared targets form groups (union-find over slots).
+    std::vector<std::uint32_t> parent(targets_.size());
+    std::iota(parent.begin(), parent.end(), 0u);
+    auto find = [&](std::uint32_t x) {
+      while (parent[x] != x) x = parent[x] = parent[parent[x]];
+      return x;
+    };
+    for (const auto& t : tasks_)
+      for (std::size_t p = 1; p < t.targets.size(); ++p)
+        parent[find(slot_of_.at(t.targets[p]))] = find(slot_of_.at(t.targets[0]));
+    std::map<tensor_id, std::vector<std::size_t>> groups;  // keyed by smallest target
+    std::map<std::uint32_t, tensor_id> group_key;
+    for (auto slot : slot_order_)
+      if (!slot_residual_[slot]) group_key.try_emplace(find(slot), targets_[slot]);
+    for (std::size_t i = 0; i < tasks_.size(); ++i)
+      groups[group_key.at(find(slot_of_.at(tasks_[i].targets[0])))].push_back(i);
+    chunks_.clear();
+    chunk current;
+    std::size_t current_bytes = 0;
+    for (auto& [key, group] : groups) {
+      std::size_t b = 0;
+      for (auto i : group) b += tasks_[i].bytes();
+      if (!current.tasks.empty() && current_bytes + b > bytes) {
+        chunks_.push_back(std::move(current));
+        current = {};
+        current_bytes = 0;
+      }
+      current.tasks.insert(current.tasks.end(), group.begin(), group.end());
+      current_bytes += b;
+    }
+    if (!current.tasks.empty()) chunks_.push_back(std::move(current));
+    for (std::size_t r = 0; r < residual_.size(); ++r) chunks_.push_back(chunk{{}, {r}, {}});
+    for (auto& c : chunks_) {
+      for (auto i : c.tasks)
+        for (auto t : tasks_[i].targets) c.slots.push_back(slot_of_.at(t));
+      for (auto r : c.residual)
+        for (auto sl : residual_state_[r].output_slot) c.slots.push_back(sl);
+      std::sort(c.slots.begin(), c.slots.end(),
+                [&](auto a, auto b) { return targets_[a] < targets_[b]; });
+      c.slots.erase(std::unique(c.slots.begin(), c.slots.end()), c.slots.end());
+    }
+    chunk_built_.assign(chunks_.size(), 0);
+  }
+
+  /// Number of chunks (see set_chunk_bytes); at least 1 unless the owner has no task.
+  [[nodiscard]] std::size_t chunk_count() const noexcept { return chunks_.size(); }
 
   [[nodiscard]] std::uint32_t id() const noexcept { return id_; }
   [[nodiscard]] std::span<const affine_task> tasks() const noexcept { return tasks_; }
@@ -145,6 +222,7 @@ class owner {
       }
     }
     initialized_ = true;
+    transition_open_ = false;
   }
 
   /// Receivers that can take tensors only as overwrite records (the union of
@@ -164,52 +242,107 @@ class owner {
 
   /// Compares candidates[i] with the tracker of tasks()[i], rebuilds the residual outputs whose
   /// inputs changed and compares them with the residual baseline, and emits one item per
-  /// canonical tensor touched, in tensor id order, with sorted indices. Encodings (see
-  /// dcr::choose_encoding): residual items and affine items of overwrite-only tensors are
-  /// overwrites; other affine items are deltas only where `policy` permits and every
-  /// contributing task is delta_encodable, the encoding chosen per item (`codec` tunes the
-  /// estimate). Remembers the changed set for commit(). Throws on mismatched shards (nothing
-  /// committed changes) and propagates a conversion's exception.
+  /// canonical tensor touched, in tensor id order, with sorted indices (all chunks at once; see
+  /// build_chunk for the contract of `mode`). Encodings (see dcr::choose_encoding): residual
+  /// items, dense items and affine items of overwrite-only tensors are overwrites; other affine
+  /// items are deltas only where `policy` permits and every contributing task is
+  /// delta_encodable, the encoding chosen per item (`codec` tunes the estimate). Remembers the
+  /// changed set for commit(). Throws on mismatched shards (nothing committed changes) and
+  /// propagates a conversion's exception.
   const std::vector<item>& build_items(
       std::span<const std::span<const std::byte>> candidates, encoding_policy policy,
       std::span<const std::span<const std::byte>> residual_inputs = {},
-      const codec_options& codec = {}) {
-    DCR_EXPECTS(initialized_, errc::not_ready, "owner::build_items before initialize");
+      const codec_options& codec = {}, build_mode mode = build_mode::changes) {
+    all_items_.clear();
+    for (std::size_t k = 0; k < chunks_.size(); ++k) {
+      const auto& items = build_chunk(k, candidates, policy, residual_inputs, codec, mode);
+      all_items_.insert(all_items_.end(), items.begin(), items.end());
+    }
+    if (chunks_.empty()) {
+      check_inputs(candidates, "build_items");
+      stats_ = {};
+    }
+    std::stable_sort(all_items_.begin(), all_items_.end(),
+                     [](const item& a, const item& b) { return a.tensor < b.tensor; });
+    return all_items_;
+  }
+
+  /// Builds the items of chunk `k` only (in tensor id order), like build_items. An attempt
+  /// builds chunks 0 .. chunk_count() - 1 in order, all with the same arguments; stats() then
+  /// sums them. In mode `changes`, the changed set of a task is united with what earlier
+  /// attempts of the same transition (builds since initialize() or the last commit()) sent;
+  /// in mode `dense`, every element is sent as an overwrite of `candidates` (pass the trackers,
+  /// see tracker(), for a restore of the committed version). commit() needs every chunk built
+  /// in the last attempt.
+  const std::vector<item>& build_chunk(
+      std::size_t k, std::span<const std::span<const std::byte>> candidates,
+      encoding_policy policy, std::span<const std::span<const std::byte>> residual_inputs = {},
+      const codec_options& codec = {}, build_mode mode = build_mode::changes) {
+    DCR_EXPECTS(initialized_, errc::not_ready, "owner::build_chunk before initialize");
+    DCR_EXPECTS(k < chunks_.size(), errc::out_of_range,
+                "owner::build_chunk: chunk " + std::to_string(k) + " of " +
+                    std::to_string(chunks_.size()));
     check_inputs(candidates, "build_items");
     check_residual_inputs(residual_inputs, "build_items");
+    if (k == 0) {
+      stats_ = {};
+      std::fill(chunk_built_.begin(), chunk_built_.end(), std::uint8_t{0});
+      if (!transition_open_) {
+        for (auto& c : transition_changed_) c.clear();
+        for (auto& st : residual_state_) {
+          for (auto& u : st.union_indices) u.clear();
+          std::fill(st.union_selected.begin(), st.union_selected.end(), std::uint8_t{0});
+        }
+      }
+      transition_open_ = true;
+      last_mode_ = mode;
+    }
     built_ = false;
-    stats_ = {};
-    for (auto& r : records_) r.clear();
+    const chunk& c = chunks_[k];
+    for (auto slot : c.slots) records_[slot].clear();
     items_.clear();
 
     auto t0 = clock::now();
-    for (std::size_t i = 0; i < tasks_.size(); ++i) {
+    for (auto i : c.tasks) {
       changed_[i].clear();
-      visit_word(dtype_size(tasks_[i].type), [&](auto w) {
-        using W = decltype(w);
-        detect_changes<W>(words_of<W>(std::span<const std::byte>(trackers_[i])),
-                          words_of<W>(candidates[i]), changed_[i]);
-      });
+      if (mode == build_mode::dense) {
+        changed_[i].resize(tasks_[i].bytes() / dtype_size(tasks_[i].type));
+        std::iota(changed_[i].begin(), changed_[i].end(), std::uint64_t{0});
+      } else {
+        visit_word(dtype_size(tasks_[i].type), [&](auto w) {
+          using W = decltype(w);
+          detect_changes<W>(words_of<W>(std::span<const std::byte>(trackers_[i])),
+                            words_of<W>(candidates[i]), changed_[i]);
+        });
+        stats_.changed_elements += changed_[i].size();
+        unite(transition_changed_[i], changed_[i]);
+        if (transition_changed_[i].size() != changed_[i].size()) changed_[i] = transition_changed_[i];
+      }
       stats_.compared_bytes += candidates[i].size();
-      stats_.changed_elements += changed_[i].size();
     }
     auto t1 = clock::now();
-    for (std::size_t i = 0; i < tasks_.size(); ++i) project(i, candidates[i]);
-    for (auto& r : records_) r.sort_by_index();
+    for (auto i : c.tasks) project(i, candidates[i], mode == build_mode::dense);
+    for (auto slot : c.slots) records_[slot].sort_by_index();
     auto t2 = clock::now();
-    stats_.detect_seconds = seconds(t1 - t0);
-    stats_.project_seconds = seconds(t2 - t1);
+    stats_.detect_seconds += seconds(t1 - t0);
+    stats_.project_seconds += seconds(t2 - t1);
 
-    for (std::size_t r = 0; r < residual_.size(); ++r) build_residual(r, residual_inputs);
+    for (auto r : c.residual) build_residual(r, residual_inputs, mode);
 
     auto t3 = clock::now();
-    for (auto slot : slot_order_) {
+    if (k == 0) change_digest_ = 0;
+    for (auto slot : c.slots) {
       const auto& r = records_[slot];
       if (r.indices.empty()) continue;
       const auto& t = registry_->at(targets_[slot]);
+      const tensor_id target = targets_[slot];
+      change_digest_ = XXH64(&target, sizeof target, change_digest_);
+      change_digest_ = XXH64(r.indices.data(), r.indices.size() * sizeof(std::uint64_t), change_digest_);
+      change_digest_ = XXH64(r.new_bytes.data(), r.new_bytes.size(), change_digest_);
       const bool residual = slot_residual_[slot] != 0;
       const bool forced = !residual && overwrite_only_[slot] != 0;
-      const bool delta_permitted = !residual && !forced && r.delta_encodable;
+      const bool delta_permitted =
+          !residual && !forced && r.delta_encodable && mode == build_mode::changes;
       visit_word(dtype_size(t.type), [&](auto w) {
         using W = decltype(w);
         const encoding enc = dcr::choose_encoding<W>(policy, delta_permitted, r.old_words<W>(),
@@ -220,11 +353,17 @@ class owner {
       stats_.residual_items += residual ? 1 : 0;
       stats_.forced_overwrite_items += forced && r.delta_encodable ? 1 : 0;
     }
-    stats_.items = items_.size();
-    stats_.encode_seconds = seconds(clock::now() - t3);
-    built_ = true;
+    stats_.items += items_.size();
+    stats_.encode_seconds += seconds(clock::now() - t3);
+    chunk_built_[k] = 1;
+    built_ = std::all_of(chunk_built_.begin(), chunk_built_.end(), [](auto b) { return b != 0; });
     return items_;
   }
+
+  /// Digest of the last attempt's changed set (indices and new words of every item, in chunk
+  /// order): equal digests over the same trackers mean equal candidates, so a restarted owner
+  /// can tell whether its candidates are the ones an earlier attempt was built from.
+  [[nodiscard]] std::uint64_t change_digest() const noexcept { return change_digest_; }
 
   /// Statistics of the last build_items().
   [[nodiscard]] const owner_stats& stats() const noexcept { return stats_; }
@@ -238,14 +377,19 @@ class owner {
     DCR_EXPECTS(built_, errc::not_ready, "owner::commit without a built changed set");
     check_inputs(candidates, "commit");
     check_residual_inputs(residual_inputs, "commit");
-    for (std::size_t i = 0; i < tasks_.size(); ++i)
-      copy_words(trackers_[i], candidates[i], changed_[i], dtype_size(tasks_[i].type));
+    for (std::size_t i = 0; i < tasks_.size(); ++i) {
+      if (last_mode_ == build_mode::dense)
+        std::memcpy(trackers_[i].data(), candidates[i].data(), candidates[i].size());
+      else
+        copy_words(trackers_[i], candidates[i], transition_changed_[i], dtype_size(tasks_[i].type));
+    }
     for (std::size_t r = 0; r < residual_.size(); ++r) {
       const auto& task = residual_[r];
       auto& st = residual_state_[r];
-      for (std::size_t k = 0; k < task.inputs.size(); ++k)
-        copy_words(st.input_copies[k], residual_inputs[st.first_input + k], st.changed_inputs[k],
-                   dtype_size(task.inputs[k].type));
+      for (std::size_t k = 0; k < task.inputs.size(); ++k) {
+        const auto in = residual_inputs[st.first_input + k];
+        if (!st.input_copies[k].empty()) std::memcpy(st.input_copies[k].data(), in.data(), in.size());
+      }
       for (std::size_t o = 0; o < task.outputs.size(); ++o) {
         if (!st.selected[o]) continue;
         const record_buffer& rec = records_[st.output_slot[o]];
@@ -256,6 +400,7 @@ class owner {
       }
     }
     built_ = false;
+    transition_open_ = false;
   }
 
   /// The committed words of task i (the tracker).
@@ -326,7 +471,29 @@ class owner {
     std::vector<std::vector<std::byte>> baseline;            // per output: committed tensor
     std::vector<std::uint32_t> output_slot;                  // per output: record slot
     std::vector<std::uint8_t> selected;                      // per output: rebuilt this build
+    std::vector<std::vector<std::uint64_t>> union_indices;   // per output: sent this transition
+    std::vector<std::uint8_t> union_selected;                // per output: rebuilt this transition
   };
+
+  /// A unit of pipelining: affine tasks, residual tasks and the record slots they fill.
+  struct chunk {
+    std::vector<std::size_t> tasks;
+    std::vector<std::size_t> residual;
+    std::vector<std::uint32_t> slots;  // in tensor id order
+  };
+
+  // a := a united with b (both sorted, distinct).
+  static void unite(std::vector<std::uint64_t>& a, const std::vector<std::uint64_t>& b) {
+    if (a.empty()) {
+      a = b;
+      return;
+    }
+    if (b.empty()) return;
+    std::vector<std::uint64_t> out;
+    out.reserve(a.size() + b.size());
+    std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+    a.swap(out);
+  }
 
   std::uint32_t add_slot(tensor_id target, bool residual) {
     if (auto it = slot_of_.find(target); it != slot_of_.end()) return it->second;
@@ -347,7 +514,8 @@ class owner {
   // Residual task r: change flags from its inputs, then every selected output rebuilt into
   // scratch and compared with its baseline; the differing elements become the records of the
   // output's slot (indices sorted by construction, overwrite only).
-  void build_residual(std::size_t r, std::span<const std::span<const std::byte>> residual_inputs) {
+  void build_residual(std::size_t r, std::span<const std::span<const std::byte>> residual_inputs,
+                      build_mode mode) {
     const auto& task = residual_[r];
     auto& st = residual_state_[r];
     const auto inputs = residual_inputs.subspan(st.first_input, task.inputs.size());
@@ -364,10 +532,11 @@ class owner {
       stats_.residual_changed_inputs += st.changed_inputs[k].empty() ? 0 : 1;
     }
     for (std::size_t o = 0; o < task.outputs.size(); ++o) {
-      bool selected = false;
+      bool selected = mode == build_mode::dense || st.union_selected[o] != 0;
       for (std::size_t k = 0; k < task.inputs.size() && !selected; ++k)
         selected = !st.changed_inputs[k].empty() && task.depends(o, k);
       st.selected[o] = selected ? 1 : 0;
+      if (mode == build_mode::changes) st.union_selected[o] |= st.selected[o];
     }
     stats_.residual_detect_seconds += seconds(clock::now() - f0);
 
@@ -386,7 +555,14 @@ class owner {
         using W = decltype(w);
         const auto committed = words_of<W>(std::span<const std::byte>(st.baseline[o]));
         const auto rebuilt = words_of<W>(std::span<const std::byte>(out));
-        detect_changes<W>(committed, rebuilt, rec.indices);
+        if (mode == build_mode::dense) {
+          rec.indices.resize(rebuilt.size());
+          std::iota(rec.indices.begin(), rec.indices.end(), std::uint64_t{0});
+        } else {
+          detect_changes<W>(committed, rebuilt, rec.indices);
+          unite(st.union_indices[o], rec.indices);
+          if (st.union_indices[o].size() != rec.indices.size()) rec.indices = st.union_indices[o];
+        }
         const std::size_t n = rec.indices.size();
         rec.old_bytes.resize(n * wb);
         rec.new_bytes.resize(n * wb);
@@ -408,7 +584,7 @@ class owner {
   // Projects task i's changed local indices to canonical coordinates and appends (index, old,
   // new) records to the buffers of the target tensors. Sized once per part (a counting pass for
   // multi-part mappings), then filled with typed word copies: no per-record allocation.
-  void project(std::size_t i, std::span<const std::byte> candidate) {
+  void project(std::size_t i, std::span<const std::byte> candidate, bool /*dense*/) {
     const auto& task = tasks_[i];
     const auto& changed = changed_[i];
     if (changed.empty()) return;
@@ -487,7 +663,14 @@ class owner {
   std::vector<affine_task> tasks_;
   std::vector<residual_task> residual_;
   std::vector<std::vector<std::byte>> trackers_;
-  std::vector<std::vector<std::uint64_t>> changed_;  // per task: changed local indices
+  std::vector<std::vector<std::uint64_t>> changed_;  // per task: local indices of this build
+  std::vector<std::vector<std::uint64_t>> transition_changed_;  // per task: union, this transition
+  std::vector<chunk> chunks_;
+  std::vector<std::uint8_t> chunk_built_;
+  std::vector<item> all_items_;  // build_items(): every chunk's items
+  std::uint64_t change_digest_ = 0;
+  build_mode last_mode_ = build_mode::changes;
+  bool transition_open_ = false;  // a build happened since initialize() / commit()
   std::vector<residual_state> residual_state_;
   std::size_t residual_input_count_ = 0;
   std::vector<std::byte> scratch_;                    // one rebuilt residual output at a time
@@ -507,14 +690,14 @@ class owner {
 
 /// Packs items into payloads of at most about `bucket_bytes` of raw record bytes (an item is
 /// never split across payloads, so one large item makes one large payload). Sequence numbers
-/// count from 0 in item order. Each payload is encoded with `encoder` into `out[k]`.
+/// count from header_template.id.sequence in item order. Each payload is encoded with `encoder` into `out[k]`.
 inline void pack_payloads(const tensor_registry& registry, const payload_header& header_template,
                           std::span<const item> items, std::size_t bucket_bytes,
                           payload_encoder& encoder,
                           std::vector<std::vector<std::byte>>& out) {
   out.clear();
   std::size_t begin = 0;
-  std::uint32_t sequence = 0;
+  std::uint32_t sequence = header_template.id.sequence;
   while (begin < items.size()) {
     std::size_t end = begin;
     std::size_t bytes = 0;

@@ -117,7 +117,7 @@ class receiver final : public receiver_endpoint {
     const auto t0 = clock::now();
     // Validate everything (checksum included) before trusting the id: a header damaged into a
     // seen id must be reported as corrupt, not silently dropped as a duplicate.
-    const transition_filter expect{current_.base_version, current_.target_version,
+    const attempt_key expect{current_.base_version, current_.target_version,
                                    current_.attempt};
     const payload_header header = decoder_.decode(bytes, *registry_, items_, &expect);
     if (ledger_.seen(header.id)) {

@@ -30,12 +30,20 @@
 // q and balanced_split(kv_dim, G, g) rows of k and of v, and TP rank r holds the groups
 // balanced_split(G, tp, r). For shapes that divide evenly (every real model) this is exactly
 // Megatron's interleaved QKV; the balanced splits let the property tests use any shape and TP.
+//
+// Synthetic values (synthetic_trainer): every source buffer's words are a pure function of the
+// seed, the buffer's name, the step and the stress parameters of steps 1..step, never of other
+// buffers. So separate processes can each hold only their part (trainer_selection: an owner its
+// own shards), jump to a committed step (advance_to: a restarted owner), or compute one buffer or
+// one canonical tensor at any step alone (shard_words_at, canonical_at: a receiver checking its
+// storage against a dense refit), and all agree bit for bit with one trainer stepped in order.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -381,14 +389,123 @@ inline W double_to_word(dtype type, double v) {
   else return W{};
 }
 
+/// The stress protocol's parameters of steps 1, 2, ...: per step a change rate (the probability
+/// that an element is chosen) and an amplitude (a chosen element is multiplied by
+/// 1 + amplitude * z, z ~ N(0,1)). Each is either one value for every step or one value per step
+/// (index k - 1 for step k). A non-owning view: the spans (or vector) it was built from must
+/// outlive it, so build it in the argument list or from storage that stays put.
+class stress_schedule {
+ public:
+  static constexpr double default_amplitude = 0.01;
+
+  /// `rate` and `amplitude` at every step (implicit, so a plain rate can be passed).
+  stress_schedule(double rate, double amplitude = default_amplitude) noexcept  // NOLINT
+      : rate_(rate), amplitude_(amplitude) {}
+  /// rates[k - 1] at step k (only steps 1..rates.size() are covered), `amplitude` at every step.
+  stress_schedule(std::span<const double> rates, double amplitude = default_amplitude) noexcept
+      : rates_(rates), per_step_rate_(true), amplitude_(amplitude) {}
+  /// As the span constructor; `rates` must outlive the schedule.
+  stress_schedule(const std::vector<double>& rates, double amplitude = default_amplitude) noexcept
+      : stress_schedule(std::span<const double>(rates), amplitude) {}
+  /// rates[k - 1] and amplitudes[k - 1] at step k; the spans must have the same size.
+  stress_schedule(std::span<const double> rates, std::span<const double> amplitudes)
+      : rates_(rates), amplitudes_(amplitudes), per_step_rate_(true), per_step_amplitude_(true) {
+    DCR_EXPECTS(rates.size() == amplitudes.size(), errc::invalid_argument,
+                "stress_schedule: one amplitude per rate expected");
+  }
+
+  /// Whether every step 1..step has parameters (always true for step 0, the initial weights).
+  [[nodiscard]] bool covers(std::uint64_t step) const noexcept {
+    return (!per_step_rate_ || step <= rates_.size()) &&
+           (!per_step_amplitude_ || step <= amplitudes_.size());
+  }
+  /// Change rate of step `step` (>= 1); throws errc::out_of_range for a step not covered.
+  [[nodiscard]] double rate(std::uint64_t step) const {
+    check(step);
+    return per_step_rate_ ? rates_[step - 1] : rate_;
+  }
+  /// Amplitude of step `step` (>= 1); throws errc::out_of_range for a step not covered.
+  [[nodiscard]] double amplitude(std::uint64_t step) const {
+    check(step);
+    return per_step_amplitude_ ? amplitudes_[step - 1] : amplitude_;
+  }
+
+ private:
+  void check(std::uint64_t step) const {
+    DCR_EXPECTS(step >= 1 && covers(step), errc::out_of_range,
+                "stress_schedule: no parameters for step " + std::to_string(step));
+  }
+  std::span<const double> rates_, amplitudes_;
+  bool per_step_rate_ = false, per_step_amplitude_ = false;
+  double rate_ = 0, amplitude_ = default_amplitude;
+};
+
+/// Which source buffers a synthetic_trainer allocates and generates (partial materialization:
+/// an owner process holds only what it owns). A null predicate selects everything of its kind.
+/// Selecting a tied shard (trainer_shard::tied_to) materializes the buffer it reads, so words()
+/// of its source shard then works as well.
+struct trainer_selection {
+  /// Whether affine shard `shard` is materialized; `owner` is owners()[shard].
+  std::function<bool(std::size_t shard, std::uint32_t owner)> shard;
+  /// Whether the inputs of residual task `task` are materialized (all of them or none);
+  /// `owner` is residual_owners()[task].
+  std::function<bool(std::size_t task, std::uint32_t owner)> residual_task;
+
+  /// Every buffer (the default).
+  static trainer_selection all() { return {}; }
+  /// No buffer: a trainer used only for its layout and the random-access functions
+  /// (synthetic_trainer::shard_words_at, canonical_at), e.g. in a receiver process.
+  static trainer_selection none() {
+    return {[](std::size_t, std::uint32_t) { return false; },
+            [](std::size_t, std::uint32_t) { return false; }};
+  }
+  /// The buffers an owner process of rank `rank` needs: the affine shards whose owner is `rank`
+  /// and the inputs of the residual tasks whose owner is `rank`.
+  static trainer_selection owned_by(std::uint32_t rank) {
+    return {[rank](std::size_t, std::uint32_t owner) { return owner == rank; },
+            [rank](std::size_t, std::uint32_t owner) { return owner == rank; }};
+  }
+  /// Exactly the listed affine shards and residual tasks (indices into shards() / residual()).
+  static trainer_selection only(std::vector<std::size_t> shards,
+                                std::vector<std::size_t> residual_tasks) {
+    auto has = [](const std::vector<std::size_t>& v, std::size_t i) {
+      return std::find(v.begin(), v.end(), i) != v.end();
+    };
+    return {[has, v = std::move(shards)](std::size_t i, std::uint32_t) { return has(v, i); },
+            [has, v = std::move(residual_tasks)](std::size_t i, std::uint32_t) {
+              return has(v, i);
+            }};
+  }
+};
+
 /// The trainer's weights: one copy of every unique source shard (data-parallel replicas are
 /// bitwise identical, so they share it; a tied lm_head task reads the embedding's words), with
 /// synthetic initial values and stress-protocol updates.
+///
+/// Every buffer's words are a pure function of (seed, buffer name, step, the rates and amplitudes
+/// of steps 1..step), so any process can compute any part of the model alone: a buffer (an affine
+/// shard with words of its own, or one residual input) has the key name_key(its shard or input
+/// name), and its words are cut into blocks of block_words words. Block b of the initial weights
+/// is drawn from rng(derive_seed(seed, {key, 0, b})): word j = round(0.02 * fast_normal()). Step
+/// s >= 1 walks block b with rng(derive_seed(seed, {key, s, b})): the chosen elements (each with
+/// probability rate(s), by geometric gaps from the block start) are multiplied by
+/// (1 + amplitude(s) * normal()) and rounded to the dtype (ties to even). Words written through
+/// mutable_words() take part in later steps like any others, but the random-access functions
+/// (shard_words_at, residual_words_at, canonical_at) know nothing of them. Those const functions
+/// touch no state, so threads may call them concurrently.
 class synthetic_trainer {
  public:
+  /// Words per generation block (part of the definition of the synthetic values above).
+  static constexpr std::uint64_t block_words = 4096;
+
+  /// The model `config` laid out by make_trainer_tasks(config, registry, tp, dp, layout) at step
+  /// 0, with the buffers `selection` picks allocated and holding their initial words. `registry`
+  /// must outlive the trainer. Throws errc::invalid_argument for a dtype other than bf16, f16
+  /// and f32.
   synthetic_trainer(const moe_config& config, const tensor_registry& registry, int tp, int dp,
-                    std::uint64_t seed, trainer_layout layout = trainer_layout::megatron)
-      : config_(config), registry_(&registry), tp_(tp), dp_(dp), layout_(layout), rng_(seed) {
+                    std::uint64_t seed, trainer_layout layout = trainer_layout::megatron,
+                    const trainer_selection& selection = trainer_selection::all())
+      : config_(config), registry_(&registry), tp_(tp), dp_(dp), layout_(layout), seed_(seed) {
     DCR_EXPECTS(config.type == dtype::bf16 || config.type == dtype::f16 ||
                     config.type == dtype::f32,
                 errc::invalid_argument, "synthetic_trainer: dtype must be bf16, f16 or f32");
@@ -400,24 +517,77 @@ class synthetic_trainer {
     std::vector<residual_task> residual;
     for (const auto& r : residual_) residual.push_back(r.task);
     coverage_ = measure_coverage(registry, affine, residual);  // also validates the layout
+
+    // Which buffers this trainer holds.
+    shard_present_.assign(shards_.size(), selection.shard == nullptr);
+    residual_present_.assign(residual_.size(), selection.residual_task == nullptr);
+    if (selection.shard) {
+      const auto owner = owners();
+      for (std::size_t i = 0; i < shards_.size(); ++i)
+        if (selection.shard(i, owner[i])) shard_present_[buffer_of(i)] = true;
+    }
+    if (selection.residual_task) {
+      const auto owner = residual_owners();
+      for (std::size_t r = 0; r < residual_.size(); ++r)
+        residual_present_[r] = selection.residual_task(r, owner[r]);
+    }
+
+    shard_keys_.resize(shards_.size());
     words_.resize(shards_.size());
-    for (std::size_t i = 0; i < shards_.size(); ++i)
-      if (shards_[i].tied_to == trainer_shard::no_alias) {
-        words_[i].resize(shards_[i].task.bytes());
-        fill_initial(words_[i]);
-      }
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      shard_keys_[i] = name_key(shards_[i].task.shard_name);
+      if (shards_[i].tied_to != trainer_shard::no_alias) continue;
+      if (!shard_present_[i]) continue;
+      words_[i].resize(shards_[i].task.bytes());
+      generate(shard_keys_[i], 0, words_[i], 0, stress_schedule(0.0));
+    }
+    input_keys_.resize(residual_.size());
     residual_words_.resize(residual_.size());
     for (std::size_t r = 0; r < residual_.size(); ++r)
       for (const auto& in : residual_[r].task.inputs) {
-        residual_words_[r].emplace_back(in.bytes());
-        fill_initial(residual_words_[r].back());
+        input_keys_[r].push_back(name_key(in.name));
+        residual_words_[r].emplace_back();
+        if (!residual_present_[r]) continue;
+        residual_words_[r].back().resize(in.bytes());
+        generate(input_keys_[r].back(), 0, residual_words_[r].back(), 0, stress_schedule(0.0));
       }
+
+    // What contributes to each canonical tensor: local ranges of affine shards (one per target
+    // tensor of a shard, spanning the parts that land in it) and residual outputs.
+    contributions_.resize(registry.size());
+    residual_sources_.resize(registry.size());
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const auto& task = shards_[i].task;
+      std::vector<std::uint64_t> lo(task.targets.size(), ~std::uint64_t{0});
+      std::vector<std::uint64_t> hi(task.targets.size(), 0);
+      std::visit(
+          [&](const auto& m) {
+            const std::uint64_t n = m.local_size();
+            for (std::uint64_t j = 0; j < n;) {
+              const std::uint64_t run = m.run_length(j);
+              const auto t = static_cast<std::size_t>(
+                  std::find(task.targets.begin(), task.targets.end(), task.targets[m(j).part]) -
+                  task.targets.begin());  // the first part of the same tensor
+              lo[t] = std::min(lo[t], j);
+              hi[t] = std::max(hi[t], j + run);
+              j += run;
+            }
+          },
+          task.mapping);
+      for (std::size_t t = 0; t < task.targets.size(); ++t)
+        if (lo[t] < hi[t]) contributions_[task.targets[t]].push_back({i, lo[t], hi[t]});
+    }
+    for (std::size_t r = 0; r < residual_.size(); ++r)
+      for (std::size_t o = 0; o < residual_[r].task.outputs.size(); ++o)
+        residual_sources_[residual_[r].task.outputs[o].tensor].push_back({r, o});
   }
 
   [[nodiscard]] const moe_config& config() const noexcept { return config_; }
   [[nodiscard]] int tp() const noexcept { return tp_; }
   [[nodiscard]] int dp() const noexcept { return dp_; }
   [[nodiscard]] trainer_layout layout() const noexcept { return layout_; }
+  /// The seed every buffer's words derive from (see the class comment).
+  [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
   /// The affine shards.
   [[nodiscard]] std::span<const trainer_shard> shards() const noexcept { return shards_; }
   /// The residual tasks.
@@ -425,49 +595,194 @@ class synthetic_trainer {
   /// Checkpoint bytes covered by affine vs residual tasks (dcr::measure_coverage).
   [[nodiscard]] const task_coverage& coverage() const noexcept { return coverage_; }
 
-  /// Words of affine shard `shard` (a tied shard's are its source's).
-  [[nodiscard]] std::span<const std::byte> words(std::size_t shard) const {
-    return words_.at(buffer_of(shard));
+  /// Whether this trainer holds the words of affine shard `shard` (its source's, for a tied one).
+  [[nodiscard]] bool materialized(std::size_t shard) const {
+    return shard_present_[buffer_of(shard)];
   }
-  [[nodiscard]] std::span<std::byte> mutable_words(std::size_t shard) {
-    return words_.at(buffer_of(shard));
-  }
-  /// Words of input `input` of residual task `task`.
-  [[nodiscard]] std::span<const std::byte> residual_words(std::size_t task, std::size_t input) const {
-    return residual_words_.at(task).at(input);
-  }
-  [[nodiscard]] std::span<std::byte> mutable_residual_words(std::size_t task, std::size_t input) {
-    return residual_words_.at(task).at(input);
+  /// Whether this trainer holds the inputs of residual task `task`.
+  [[nodiscard]] bool residual_materialized(std::size_t task) const {
+    return residual_present_.at(task);
   }
 
-  /// The paper's stress protocol over every source buffer (affine shards and residual inputs):
-  /// each element is chosen with probability `rate`, multiplied by (1 + 0.01 z) with z ~ N(0,1),
-  /// and rounded to the dtype (ties to even). Returns how many stored words changed (a product
-  /// can round back to the old word).
-  std::uint64_t stress_step(double rate, double amplitude = 0.01) {
-    if (rate <= 0) return 0;
-    const double log1m = rate >= 1 ? -INFINITY : std::log1p(-rate);
+  /// Words of affine shard `shard` at step() (a tied shard's are its source's). Throws
+  /// errc::not_ready, naming the shard, when the trainer does not hold them (trainer_selection).
+  [[nodiscard]] std::span<const std::byte> words(std::size_t shard) const {
+    return words_[present_buffer(shard)];
+  }
+  [[nodiscard]] std::span<std::byte> mutable_words(std::size_t shard) {
+    return words_[present_buffer(shard)];
+  }
+  /// Words of input `input` of residual task `task` at step(). Throws errc::not_ready, naming
+  /// the task, when the trainer does not hold them.
+  [[nodiscard]] std::span<const std::byte> residual_words(std::size_t task,
+                                                          std::size_t input) const {
+    return residual_words_[present_task(task)].at(input);
+  }
+  [[nodiscard]] std::span<std::byte> mutable_residual_words(std::size_t task, std::size_t input) {
+    return residual_words_[present_task(task)].at(input);
+  }
+
+  /// The step the held words are at: 0 after construction, +1 per stress_step.
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+  /// The change rate and amplitude of every step so far (index k - 1 for step k).
+  [[nodiscard]] std::span<const double> rates() const noexcept { return rates_; }
+  [[nodiscard]] std::span<const double> amplitudes() const noexcept { return amplitudes_; }
+  /// The schedule of steps 1..step() so far; a view of rates() and amplitudes(), valid until the
+  /// next stress_step or advance_to.
+  [[nodiscard]] stress_schedule schedule() const { return {rates_, amplitudes_}; }
+
+  /// Step step() + 1 of the paper's stress protocol over every held source buffer (affine shards
+  /// and residual inputs): each element is chosen with probability `rate`, multiplied by
+  /// (1 + amplitude z) with z ~ N(0,1), and rounded to the dtype (ties to even); see the class
+  /// comment for which random numbers. Records the rate and amplitude (schedule()). Returns how
+  /// many held words changed (a product can round back to the old word).
+  std::uint64_t stress_step(double rate, double amplitude = stress_schedule::default_amplitude) {
+    const std::uint64_t step = step_ + 1;
     std::uint64_t changed = 0;
-    auto step = [&](std::vector<std::byte>& buffer) {
-      visit_word(dtype_size(config_.type), [&](auto w) {
-        using W = decltype(w);
-        if constexpr (sizeof(W) == 2 || sizeof(W) == 4) {
-          auto* p = reinterpret_cast<W*>(buffer.data());
-          const std::uint64_t n = buffer.size() / sizeof(W);
-          for (std::uint64_t j = rng_.geometric_gap(log1m) - 1; j < n;
-               j += rng_.geometric_gap(log1m)) {
-            const double v = word_to_double<W>(config_.type, p[j]);
-            const W next = double_to_word<W>(config_.type, v * (1.0 + amplitude * rng_.normal()));
-            changed += next != p[j];
-            p[j] = next;
-          }
-        }
-      });
-    };
-    for (auto& b : words_) step(b);  // a tied shard has no buffer of its own
-    for (auto& task : residual_words_)
-      for (auto& b : task) step(b);
+    for (std::size_t i = 0; i < shards_.size(); ++i)  // a tied shard has no buffer of its own
+      if (shards_[i].tied_to == trainer_shard::no_alias && shard_present_[i])
+        changed += apply_changes(shard_keys_[i], step, rate, amplitude, 0, words_[i]);
+    for (std::size_t r = 0; r < residual_.size(); ++r)
+      if (residual_present_[r])
+        for (std::size_t k = 0; k < residual_words_[r].size(); ++k)
+          changed +=
+              apply_changes(input_keys_[r][k], step, rate, amplitude, 0, residual_words_[r][k]);
+    step_ = step;
+    rates_.push_back(rate);
+    amplitudes_.push_back(amplitude);
     return changed;
+  }
+
+  /// Regenerates every held buffer at step `step` of `schedule` (earlier or later than step():
+  /// the words are recomputed from the initial ones, discarding any mutable_words() edits), in
+  /// place (spans from words() stay valid); then step() == step and schedule() has the
+  /// schedule's parameters of steps 1..step. For an owner process restarted at committed version
+  /// `step`. Throws errc::out_of_range, changing nothing, when `schedule` does not cover `step`.
+  void advance_to(std::uint64_t step, const stress_schedule& schedule) {
+    DCR_EXPECTS(schedule.covers(step), errc::out_of_range,
+                "synthetic_trainer::advance_to: the schedule has no parameters for step " +
+                    std::to_string(step));
+    std::vector<double> rates, amplitudes;
+    for (std::uint64_t k = 1; k <= step; ++k) {
+      rates.push_back(schedule.rate(k));
+      amplitudes.push_back(schedule.amplitude(k));
+    }
+    for (std::size_t i = 0; i < shards_.size(); ++i)
+      if (shards_[i].tied_to == trainer_shard::no_alias && shard_present_[i])
+        generate(shard_keys_[i], 0, words_[i], step, schedule);
+    for (std::size_t r = 0; r < residual_.size(); ++r)
+      if (residual_present_[r])
+        for (std::size_t k = 0; k < residual_words_[r].size(); ++k)
+          generate(input_keys_[r][k], 0, residual_words_[r][k], step, schedule);
+    step_ = step;
+    rates_ = std::move(rates);
+    amplitudes_ = std::move(amplitudes);
+  }
+
+  /// Writes words [first_word, first_word + out.size() / word size) of affine shard `shard` (a
+  /// tied shard's: its source's) at step `step` of `schedule` into `out`: what a full trainer
+  /// stepped with those parameters holds, whatever this trainer holds (a pure function; no
+  /// alignment needed). Throws errc::out_of_range when the range is outside the shard or
+  /// `schedule` does not cover `step`, errc::invalid_argument when out.size() is not a multiple
+  /// of the word size.
+  void shard_words_at(std::size_t shard, std::uint64_t step, const stress_schedule& schedule,
+                      std::span<std::byte> out, std::uint64_t first_word = 0) const {
+    const std::size_t b = buffer_of(shard);
+    check_range(shards_[b].task.bytes(), first_word, out, shards_[shard].task.shard_name);
+    check_schedule(step, schedule);
+    generate(shard_keys_[b], first_word, out, step, schedule);
+  }
+
+  /// Like shard_words_at, for input `input` of residual task `task`.
+  void residual_words_at(std::size_t task, std::size_t input, std::uint64_t step,
+                         const stress_schedule& schedule, std::span<std::byte> out,
+                         std::uint64_t first_word = 0) const {
+    const auto& in = residual_.at(task).task.inputs.at(input);
+    check_range(in.bytes(), first_word, out, in.name);
+    check_schedule(step, schedule);
+    generate(input_keys_[task][input], first_word, out, step, schedule);
+  }
+
+  /// Scratch bytes canonical_at(id, ...) needs: one block of words when affine shards target
+  /// the tensor, and the inputs of a residual output that builds it (the inputs it depends on),
+  /// whichever is larger.
+  [[nodiscard]] std::uint64_t canonical_scratch_bytes(tensor_id id) const {
+    const std::uint64_t wb = dtype_size(config_.type);
+    std::uint64_t bytes = 0;
+    for (const auto& c : contributions_.at(id))
+      bytes = std::max(bytes, std::min(block_words, c.hi - c.lo) * wb);
+    for (const auto& [r, o] : residual_sources_.at(id)) {
+      const auto& task = residual_[r].task;
+      std::uint64_t sum = 0;
+      for (std::size_t k = 0; k < task.inputs.size(); ++k)
+        if (task.depends(o, k)) sum += task.inputs[k].bytes();
+      bytes = std::max(bytes, sum);
+    }
+    return bytes;
+  }
+
+  /// Writes canonical tensor `id` at step `step` of `schedule` into `out` (registry.at(id).bytes()
+  /// bytes): the words of the affine shards targeting it, scattered through their mappings as
+  /// assemble_canonical does, then the residual outputs building it, converted from their inputs
+  /// at that step; bit-equal to assemble_canonical of a full trainer at that step without
+  /// mutable_words() edits. Works whatever this trainer holds (a pure function). `scratch` must
+  /// have at least canonical_scratch_bytes(id) bytes; no allocation besides the residual input
+  /// list. Throws errc::out_of_range for an unknown id or a step `schedule` does not cover,
+  /// errc::shape_mismatch for a wrong `out` size, errc::invalid_argument for too little scratch.
+  void canonical_at(tensor_id id, std::uint64_t step, const stress_schedule& schedule,
+                    std::span<std::byte> out, std::span<std::byte> scratch) const {
+    DCR_EXPECTS(id < registry_->size(), errc::out_of_range,
+                "synthetic_trainer::canonical_at: unknown tensor id " + std::to_string(id));
+    const auto& tensor = registry_->at(id);
+    DCR_EXPECTS(out.size() == static_cast<std::size_t>(tensor.bytes()), errc::shape_mismatch,
+                "synthetic_trainer::canonical_at: output for '" + tensor.name +
+                    "' has the wrong size");
+    DCR_EXPECTS(scratch.size() >= canonical_scratch_bytes(id), errc::invalid_argument,
+                "synthetic_trainer::canonical_at: scratch for '" + tensor.name +
+                    "' is smaller than canonical_scratch_bytes");
+    check_schedule(step, schedule);
+    const std::size_t wb = dtype_size(config_.type);
+    for (const auto& c : contributions_[id]) {
+      const auto& task = shards_[c.shard].task;
+      const std::uint64_t key = shard_keys_[buffer_of(c.shard)];
+      std::visit(
+          [&](const auto& m) {
+            for (std::uint64_t c0 = c.lo, c1; c0 < c.hi; c0 = c1) {  // one block at a time
+              c1 = std::min(c.hi, (c0 / block_words + 1) * block_words);
+              const auto chunk = scratch.first(static_cast<std::size_t>(c1 - c0) * wb);
+              generate(key, c0, chunk, step, schedule);
+              for (std::uint64_t j = c0; j < c1;) {
+                const mapped_index d = m(j);
+                const std::uint64_t run = std::min(m.run_length(j), c1 - j);
+                if (task.targets[d.part] == id)
+                  std::memcpy(out.data() + d.index * wb, chunk.data() + (j - c0) * wb, run * wb);
+                j += run;
+              }
+            }
+          },
+          task.mapping);
+    }
+    std::vector<std::span<const std::byte>> inputs;
+    for (const auto& [r, o] : residual_sources_[id]) {
+      const auto& task = residual_[r].task;
+      inputs.assign(task.inputs.size(), {});
+      std::size_t offset = 0;
+      for (std::size_t k = 0; k < task.inputs.size(); ++k) {
+        if (!task.depends(o, k)) continue;  // the conversion must not read it
+        const auto in = scratch.subspan(offset, static_cast<std::size_t>(task.inputs[k].bytes()));
+        generate(input_keys_[r][k], 0, in, step, schedule);
+        inputs[k] = in;
+        offset += in.size();
+      }
+      task.convert(o, inputs, out);
+    }
+  }
+
+  /// canonical_at with scratch it allocates.
+  void canonical_at(tensor_id id, std::uint64_t step, const stress_schedule& schedule,
+                    std::span<std::byte> out) const {
+    std::vector<std::byte> scratch(static_cast<std::size_t>(canonical_scratch_bytes(id)));
+    canonical_at(id, step, schedule, out, scratch);
   }
 
   /// Owner rank of every affine shard (dcr::assign_owners over its holders).
@@ -490,9 +805,10 @@ class synthetic_trainer {
     return assign_residual_owners(h);
   }
 
-  /// Writes the dense canonical tensors (the dense refit's input): every affine shard scattered
-  /// through its mapping, every residual output built by its task's conversion from the
-  /// trainer's words. out[id] must have registry.at(id).bytes() bytes.
+  /// Writes the dense canonical tensors (the dense refit's input) from the held words: every
+  /// affine shard scattered through its mapping, every residual output built by its task's
+  /// conversion. out[id] must have registry.at(id).bytes() bytes. Needs every buffer (throws
+  /// errc::not_ready otherwise); a partial trainer uses canonical_at tensor by tensor.
   void assemble_canonical(std::span<const std::span<std::byte>> out) const {
     DCR_EXPECTS(out.size() == registry_->size(), errc::invalid_argument,
                 "assemble_canonical: one output per canonical tensor expected");
@@ -521,6 +837,7 @@ class synthetic_trainer {
     }
     std::vector<std::span<const std::byte>> inputs;
     for (std::size_t r = 0; r < residual_.size(); ++r) {
+      present_task(r);
       inputs.assign(residual_words_[r].begin(), residual_words_[r].end());
       for (std::size_t o = 0; o < residual_[r].task.outputs.size(); ++o)
         residual_[r].task.convert(o, inputs, out[residual_[r].task.outputs[o].tensor]);
@@ -528,33 +845,134 @@ class synthetic_trainer {
   }
 
  private:
+  /// A local range [lo, hi) of affine shard `shard` whose parts land in one canonical tensor.
+  struct contribution {
+    std::size_t shard;
+    std::uint64_t lo, hi;
+  };
+  struct residual_source {
+    std::size_t task, output;
+  };
+
   std::size_t buffer_of(std::size_t shard) const {
     const std::size_t alias = shards_.at(shard).tied_to;
     return alias == trainer_shard::no_alias ? shard : alias;
   }
+  std::size_t present_buffer(std::size_t shard) const {
+    const std::size_t b = buffer_of(shard);
+    DCR_EXPECTS(shard_present_[b], errc::not_ready,
+                "synthetic_trainer: shard '" + shards_[shard].task.shard_name +
+                    "' is not materialized in this trainer (trainer_selection)");
+    return b;
+  }
+  std::size_t present_task(std::size_t task) const {
+    DCR_EXPECTS(residual_present_.at(task), errc::not_ready,
+                "synthetic_trainer: the inputs of residual task '" + residual_[task].task.name +
+                    "' are not materialized in this trainer (trainer_selection)");
+    return task;
+  }
+  void check_range(std::uint64_t buffer_bytes, std::uint64_t first_word,
+                   std::span<const std::byte> out, const std::string& name) const {
+    const std::uint64_t wb = dtype_size(config_.type);
+    DCR_EXPECTS(out.size() % wb == 0, errc::invalid_argument,
+                "synthetic_trainer: output for '" + name + "' is not a whole number of words");
+    const std::uint64_t n = buffer_bytes / wb;
+    DCR_EXPECTS(first_word <= n && out.size() / wb <= n - first_word, errc::out_of_range,
+                "synthetic_trainer: words [" + std::to_string(first_word) + ", " +
+                    std::to_string(first_word + out.size() / wb) + ") are outside '" + name +
+                    "' (" + std::to_string(n) + " words)");
+  }
+  static void check_schedule(std::uint64_t step, const stress_schedule& schedule) {
+    DCR_EXPECTS(schedule.covers(step), errc::out_of_range,
+                "synthetic_trainer: the schedule has no parameters for step " +
+                    std::to_string(step));
+  }
 
-  void fill_initial(std::vector<std::byte>& buffer) {
+  template <class F>
+  void with_word(F&& f) const {
     visit_word(dtype_size(config_.type), [&](auto w) {
       using W = decltype(w);
-      if constexpr (sizeof(W) == 2 || sizeof(W) == 4) {
-        auto* p = reinterpret_cast<W*>(buffer.data());
-        const std::size_t n = buffer.size() / sizeof(W);
-        for (std::size_t j = 0; j < n; ++j)
-          p[j] = double_to_word<W>(config_.type, 0.02 * rng_.fast_normal());
+      if constexpr (sizeof(W) == 2 || sizeof(W) == 4) f(w);
+    });
+  }
+
+  /// Words [first, first + out.size() / word) of the buffer keyed `key` at step `step`.
+  void generate(std::uint64_t key, std::uint64_t first, std::span<std::byte> out,
+                std::uint64_t step, const stress_schedule& schedule) const {
+    initial_words(key, first, out);
+    for (std::uint64_t k = 1; k <= step; ++k)
+      apply_changes(key, k, schedule.rate(k), schedule.amplitude(k), first, out);
+  }
+
+  /// Initial words [first, ...) of the buffer keyed `key` (see the class comment).
+  void initial_words(std::uint64_t key, std::uint64_t first, std::span<std::byte> out) const {
+    with_word([&](auto w) {
+      using W = decltype(w);
+      const std::uint64_t end = first + out.size() / sizeof(W);
+      for (std::uint64_t j = first; j < end;) {
+        const std::uint64_t b = j / block_words;
+        const std::uint64_t stop = std::min(end, (b + 1) * block_words);
+        rng g(derive_seed(seed_, {key, 0, b}));
+        for (std::uint64_t k = b * block_words; k < j; ++k) g.next();  // one draw per word
+        for (; j < stop; ++j) {
+          const W v = double_to_word<W>(config_.type, 0.02 * g.fast_normal());
+          std::memcpy(out.data() + (j - first) * sizeof(W), &v, sizeof(W));
+        }
       }
     });
+  }
+
+  /// Applies step `step` (rate, amplitude) to words [first, ...) of the buffer keyed `key`
+  /// (see the class comment); returns how many words changed.
+  std::uint64_t apply_changes(std::uint64_t key, std::uint64_t step, double rate,
+                              double amplitude, std::uint64_t first,
+                              std::span<std::byte> out) const {
+    if (!(rate > 0)) return 0;
+    const double log1m = rate >= 1 ? -INFINITY : std::log1p(-rate);
+    std::uint64_t changed = 0;
+    with_word([&](auto w) {
+      using W = decltype(w);
+      const std::uint64_t end = first + out.size() / sizeof(W);
+      for (std::uint64_t b = first / block_words; b * block_words < end; ++b) {
+        rng g(derive_seed(seed_, {key, step, b}));
+        const std::uint64_t stop = std::min(end, (b + 1) * block_words);
+        for (std::uint64_t j = b * block_words;; ++j) {  // j: first element not yet decided
+          const std::uint64_t gap = g.geometric_gap(log1m);
+          if (gap - 1 >= stop - j) break;
+          j += gap - 1;  // the chosen element
+          const double z = g.normal();
+          if (j < first) continue;
+          std::byte* p = out.data() + (j - first) * sizeof(W);
+          W old;
+          std::memcpy(&old, p, sizeof(W));
+          const double v = word_to_double<W>(config_.type, old);
+          const W next = double_to_word<W>(config_.type, v * (1.0 + amplitude * z));
+          changed += next != old;
+          std::memcpy(p, &next, sizeof(W));
+        }
+      }
+    });
+    return changed;
   }
 
   moe_config config_;
   const tensor_registry* registry_;
   int tp_, dp_;
   trainer_layout layout_;
-  rng rng_;
+  std::uint64_t seed_;
   std::vector<trainer_shard> shards_;
   std::vector<trainer_residual> residual_;
   task_coverage coverage_;
-  std::vector<std::vector<std::byte>> words_;  // by affine shard; empty for a tied shard
+  std::vector<bool> shard_present_;     // by affine shard: its buffer is held (untied ones)
+  std::vector<bool> residual_present_;  // by residual task
+  std::vector<std::uint64_t> shard_keys_;               // name_key of each shard name
+  std::vector<std::vector<std::uint64_t>> input_keys_;  // [task][input]
+  std::vector<std::vector<std::byte>> words_;  // by affine shard; empty for a tied or absent one
   std::vector<std::vector<std::vector<std::byte>>> residual_words_;  // [task][input]
+  std::uint64_t step_ = 0;
+  std::vector<double> rates_, amplitudes_;  // of steps 1..step_
+  std::vector<std::vector<contribution>> contributions_;  // by canonical tensor id
+  std::vector<std::vector<residual_source>> residual_sources_;  // by canonical tensor id
 };
 
 }  // namespace dcr::sim

@@ -20,20 +20,6 @@ namespace dcr {
 /// Opt-in tag: a transport declares `using transport_concept = dcr::transport_tag;`.
 struct transport_tag {};
 
-/// One attempt of one transition: the unit a manifest describes.
-struct attempt_key {
-  std::uint64_t base_version = 0;
-  std::uint64_t target_version = 0;
-  std::uint32_t attempt = 0;
-  friend constexpr bool operator==(const attempt_key&, const attempt_key&) = default;
-  friend constexpr auto operator<=>(const attempt_key&, const attempt_key&) = default;
-};
-
-/// The attempt a payload belongs to.
-constexpr attempt_key attempt_of(const payload_id& id) noexcept {
-  return {id.base_version, id.target_version, id.attempt};
-}
-
 template <class T>
 concept transport =
     std::same_as<typename T::transport_concept, transport_tag> &&

@@ -1,0 +1,167 @@
+// dcr/pipeline.hpp: one bounded pipeline stage, the building block of every overlap in dcr:
+// the owner agent (build chunk l+1 while chunk l is packed, compressed and put), the receiver
+// agent (fetch payload l+1 while payload l is applied) and the whole-checkpoint differ (scan
+// while the previous payload is encoded and written).
+//
+// A pipeline_stage<T> runs `work(T&)` on its own thread for every submitted item, in
+// submission order. At most `depth` items are in flight (queued or being worked on): submit()
+// blocks until there is room, which throttles the producer when the stage falls behind, and so
+// a producer that cycles through depth + 1 buffers never writes one the stage still reads.
+// Between items, while nothing is queued, the stage runs the optional `idle()` work (e.g.
+// mapping pages in ahead of the producer) until it returns false; wake_idle() says there is
+// idle work again. The first exception thrown by `work` is kept and rethrown by the next
+// submit() or drain(); items queued after it are dropped. Memory stays bounded by depth items.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "dcr/error.hpp"
+
+namespace dcr {
+
+template <class T>
+class pipeline_stage {
+ public:
+  pipeline_stage(std::size_t depth, std::function<void(T&)> work,
+                 std::function<bool()> idle = {})
+      : depth_(depth), work_(std::move(work)), idle_(std::move(idle)) {
+    DCR_EXPECTS(depth_ >= 1, errc::invalid_argument, "pipeline_stage: depth must be >= 1");
+  }
+  pipeline_stage(const pipeline_stage&) = delete;
+  pipeline_stage& operator=(const pipeline_stage&) = delete;
+  /// Drops what is queued, lets the current item finish, joins the thread.
+  ~pipeline_stage() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+      queue_.clear();
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  /// Queues `item` once fewer than depth items are in flight (starting the thread on first
+  /// use). Rethrows the stage's pending error instead of queuing.
+  void submit(T item) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    room_.wait(lock, [&] { return in_flight_ < depth_ || error_; });
+    rethrow(lock);
+    queue_.push_back(std::move(item));
+    ++in_flight_;
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    wake_.notify_all();
+  }
+
+  /// Waits until every submitted item was worked on; rethrows the stage's pending error.
+  void drain() {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock lock(mutex_);
+    room_.wait(lock, [&] { return in_flight_ == 0; });
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rethrow(lock);
+  }
+
+  /// Drops queued items, waits for the current one, and forgets any error (the stage can be
+  /// used again). Never throws.
+  void discard() noexcept {
+    std::unique_lock lock(mutex_);
+    in_flight_ -= queue_.size();
+    queue_.clear();
+    room_.wait(lock, [&] { return in_flight_ == 0; });
+    error_ = nullptr;
+    room_.notify_all();
+  }
+
+  /// There is idle work again (idle() will be called when the queue is empty).
+  void wake_idle() {
+    std::lock_guard lock(mutex_);
+    idle_pending_ = static_cast<bool>(idle_);
+    if (!thread_.joinable() && idle_pending_) thread_ = std::thread([this] { loop(); });
+    wake_.notify_all();
+  }
+
+  /// Seconds callers of submit() and drain() spent waiting (the producer throttled).
+  [[nodiscard]] double wait_seconds() const {
+    std::lock_guard lock(mutex_);
+    return wait_seconds_;
+  }
+  /// Seconds the stage's thread spent in work().
+  [[nodiscard]] double busy_seconds() const {
+    std::lock_guard lock(mutex_);
+    return busy_seconds_;
+  }
+  [[nodiscard]] std::size_t depth() const noexcept { return depth_; }
+
+ private:
+  void rethrow(std::unique_lock<std::mutex>&) {
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty() || idle_pending_; });
+      if (stop_) return;
+      if (queue_.empty()) {  // idle work fills the time between items
+        lock.unlock();
+        bool more = false;
+        try {
+          more = idle_();
+        } catch (...) {
+          more = false;  // idle work is a hint; its failures are the producer's to meet
+        }
+        lock.lock();
+        if (!more) idle_pending_ = false;
+        continue;
+      }
+      T item = std::move(queue_.front());
+      queue_.pop_front();
+      std::exception_ptr failure;
+      if (!error_) {
+        lock.unlock();
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          work_(item);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+        const double busy =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        lock.lock();
+        busy_seconds_ += busy;
+        if (failure) {
+          error_ = failure;
+          in_flight_ -= queue_.size();  // what was queued after the failure is dropped
+          queue_.clear();
+        }
+      }
+      --in_flight_;
+      room_.notify_all();
+    }
+  }
+
+  const std::size_t depth_;
+  std::function<void(T&)> work_;
+  std::function<bool()> idle_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_, room_;
+  std::deque<T> queue_;
+  std::size_t in_flight_ = 0;
+  bool stop_ = false;
+  bool idle_pending_ = false;
+  std::exception_ptr error_;
+  double wait_seconds_ = 0, busy_seconds_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace dcr

@@ -1,0 +1,519 @@
+// dcr/protocol/coordinator.hpp: the coordinator: membership, attempts, fencing, the joint
+// commit and cleanup, through the control plane only.
+//
+// One transition v -> v+1 (docs/protocol.md draws the state machine):
+//   prepare   membership between attempts: members whose registration vanished (lease expired)
+//             or changed incarnation (restarted) leave; receivers that registered without
+//             holding v are restored first (a restore attempt v -> v: owners put a dense
+//             overwrite of their trackers, the joiners apply it and acknowledge `restored`);
+//             then the attempt record is written by compare-and-set: transition, attempt number,
+//             policy (attempt 0 the configured one, every retry overwrite-only), expected owners,
+//             required receivers, the union of their overwrite-only tensors, the candidate and
+//             the change digests owners reported for it in earlier attempts, a deadline
+//   deliver   owners build and put, receivers apply; the coordinator only watches the reports
+//             and acknowledgements (one record per agent per attempt)
+//   commit    when every owner reported `built` and every required receiver acknowledged
+//             `applied`: one transaction that holds only if the commit record still says v, the
+//             attempt record is still this open attempt, and no history record of v+1 exists;
+//             it writes the commit record, the attempt's `committed` state and history/v+1
+//   fence     on a failure (a report or acknowledgement says failed, an agent's lease expired or
+//             its incarnation changed, the deadline passed): the attempt record goes to
+//             `fenced` and the coordinator waits until every required receiver acknowledged
+//             (any state: none of them writes that attempt any more) or left the membership;
+//             then the next attempt starts from prepare
+// A coordinator that starts while an attempt of v -> v+1 is open continues it (it may commit
+// what its dead predecessor prepared); two racing coordinators both watch the same records and
+// at most one commit transaction can succeed.
+#pragma once
+
+#include <xxhash.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dcr/protocol/agent_support.hpp"
+#include "dcr/protocol/payload_store.hpp"
+
+namespace dcr {
+
+struct coordinator_options {
+  protocol_keys keys{};
+  encoding_policy policy = encoding_policy::mixed;  ///< attempt 0; retries overwrite only
+  std::uint32_t max_attempts = 5;                   ///< refit attempts per run_transition call
+  std::chrono::milliseconds attempt_timeout{120000};
+  /// Before the first attempt, wait until this many receivers registered (a deployment
+  /// starting up); later attempts go on with whoever is a member.
+  std::size_t min_receivers = 0;
+  /// Test hook, called with every required acknowledgement in, just before the commit
+  /// transaction; the simulate tool kills the process here for `--kill coordinator:STEP`.
+  std::function<void(const attempt_record&)> before_commit;
+};
+
+/// One attempt as the coordinator saw it.
+struct attempt_summary {
+  attempt_key key;
+  attempt_kind kind = attempt_kind::refit;
+  encoding_policy policy = encoding_policy::mixed;
+  bool committed = false;
+  std::string failure;
+  std::vector<owner_report> reports;
+  std::vector<receiver_ack> acks;
+  double seconds = 0;  ///< attempt record written to outcome
+};
+
+struct transition_summary {
+  std::uint64_t base_version = 0, target_version = 0;
+  bool committed = false;
+  bool committed_by_other = false;  ///< another coordinator's commit transaction won
+  std::vector<attempt_summary> attempts;  ///< restores included
+  std::uint64_t restores = 0;
+  double seconds = 0;        ///< prepare to commit
+  double commit_seconds = 0; ///< the commit transaction
+};
+
+template <control_plane Plane, payload_store Store>
+class coordinator {
+ public:
+  /// `owners`: the owner ids every refit attempt expects. The plane and store must outlive it.
+  coordinator(Plane& plane, Store& store, std::uint64_t registry_fingerprint,
+              std::vector<std::uint32_t> owners, coordinator_options options = {})
+      : plane_(&plane), store_(&store), fingerprint_(registry_fingerprint),
+        owners_(std::move(owners)), options_(std::move(options)) {
+    std::sort(owners_.begin(), owners_.end());
+  }
+
+  /// Creates the commit record at `version` and an empty membership if there are none (the
+  /// first start of a deployment); refuses a commit record of another model.
+  void initialize(std::uint64_t version, protocol_clock::time_point deadline) {
+    const auto& keys = options_.keys;
+    with_retry("coordinator: initialize", deadline, [&] {
+      commit_record c;
+      c.version = version;
+      c.registry_fingerprint = fingerprint_;
+      put_if(*plane_, keys.commit(), encode_record(c), 0);
+      put_if(*plane_, keys.membership(), encode_record(membership_record{}), 0);
+      return 0;
+    });
+    const auto c = with_retry("coordinator: read commit", deadline,
+                              [&] { return read_record<commit_record>(*plane_, keys.commit()); });
+    DCR_EXPECTS(c && c->value.registry_fingerprint == fingerprint_, errc::registry_mismatch,
+                "coordinator: the commit record under '" + keys.commit() +
+                    "' belongs to another model (registry fingerprint differs)");
+  }
+
+  /// Runs the transition from the committed version v to v+1 for `candidate` (continuing an
+  /// open attempt of it if there is one) until it commits, max_attempts refit attempts fail,
+  /// or `deadline`. Throws deadline_exceeded at the deadline (nothing is committed then).
+  transition_summary run_transition(const std::string& candidate,
+                                    protocol_clock::time_point deadline) {
+    const auto& keys = options_.keys;
+    const auto t0 = protocol_clock::now();
+    transition_summary out;
+    auto commit = must_read<commit_record>(keys.commit(), deadline);
+    const std::uint64_t v = commit.value.version;
+    out.base_version = v;
+    out.target_version = v + 1;
+    std::uint32_t refit_attempts = 0;
+    for (;;) {
+      auto current = with_retry("coordinator: read attempt", deadline, [&] {
+        return read_record<attempt_record>(*plane_, keys.attempt());
+      });
+      std::optional<typed_record<attempt_record>> open;
+      if (current && current->value.state == attempt_state::open &&
+          current->value.base_version == v &&
+          (current->value.kind == attempt_kind::restore ||
+           current->value.candidate == candidate)) {
+        open = current;  // continue what a predecessor (or a racing coordinator) prepared
+      } else if (current && current->value.state == attempt_state::open) {
+        fence(*current, deadline);  // another transition's or candidate's leftover
+        continue;
+      } else {
+        if (refit_attempts >= options_.max_attempts) break;
+        open = prepare(v, candidate, current, deadline, out);
+        if (!open) continue;  // lost a race on the attempt record, or a restore ran
+      }
+      const bool restore = open->value.kind == attempt_kind::restore;
+      if (!restore) ++refit_attempts;
+      attempt_summary summary = watch(*open, deadline);
+      if (summary.failure.empty() && !restore) {
+        if (options_.before_commit) options_.before_commit(open->value);
+        const auto c0 = protocol_clock::now();
+        const auto result = commit_attempt(commit, *open, summary, deadline);
+        out.commit_seconds = std::chrono::duration<double>(protocol_clock::now() - c0).count();
+        summary.committed = result != commit_result::lost;
+        out.committed = summary.committed;
+        out.committed_by_other = result == commit_result::by_other;
+        out.attempts.push_back(std::move(summary));
+        if (out.committed) {
+          cleanup(v + 1, deadline);
+          break;
+        }
+        // Lost: someone committed something else; re-read and stop.
+        commit = must_read<commit_record>(keys.commit(), deadline);
+        DCR_EXPECTS(commit.value.version == v, errc::commit_conflict,
+                    "coordinator: version " + std::to_string(commit.value.version) +
+                        " was committed by someone else during transition " + std::to_string(v) +
+                        " -> " + std::to_string(v + 1));
+        continue;
+      }
+      if (restore) {
+        ++out.restores;
+        if (summary.failure.empty()) {
+          complete_restore(open->value, summary, deadline);
+        } else {
+          fence(*open, deadline);
+        }
+        out.attempts.push_back(std::move(summary));
+        continue;
+      }
+      fence(*open, deadline);
+      out.attempts.push_back(std::move(summary));
+    }
+    out.seconds = std::chrono::duration<double>(protocol_clock::now() - t0).count();
+    return out;
+  }
+
+  [[nodiscard]] const coordinator_options& options() const noexcept { return options_; }
+
+ private:
+  enum class commit_result { committed, by_other, lost };
+
+  template <class R>
+  typed_record<R> must_read(const std::string& key, protocol_clock::time_point deadline) {
+    auto r = with_retry("coordinator: read", deadline, [&] { return read_record<R>(*plane_, key); });
+    DCR_EXPECTS(r.has_value(), errc::not_ready,
+                "coordinator: no record under '" + key + "' (initialize the deployment first)");
+    return *r;
+  }
+
+  // The live registrations by name.
+  std::map<std::string, receiver_registration> live_receivers(protocol_clock::time_point deadline) {
+    std::map<std::string, receiver_registration> out;
+    for (auto& r : with_retry("coordinator: list receivers", deadline, [&] {
+           return read_records<receiver_registration>(*plane_, options_.keys.receivers());
+         }))
+      out[r.name] = r;
+    return out;
+  }
+  std::map<std::uint32_t, owner_registration> live_owners(protocol_clock::time_point deadline) {
+    std::map<std::uint32_t, owner_registration> out;
+    for (auto& r : with_retry("coordinator: list owners", deadline, [&] {
+           return read_records<owner_registration>(*plane_, options_.keys.owners());
+         }))
+      out[r.owner] = r;
+    return out;
+  }
+
+  // Membership between attempts; writes the next attempt record (a restore if a receiver must
+  // join first). Returns the open attempt, or nullopt if the caller should look again.
+  std::optional<typed_record<attempt_record>> prepare(
+      std::uint64_t v, const std::string& candidate,
+      const std::optional<typed_record<attempt_record>>& previous,
+      protocol_clock::time_point deadline, transition_summary& out) {
+    const auto& keys = options_.keys;
+    // Owners must be registered with trackers at v (a restarted owner re-registers).
+    std::map<std::uint32_t, owner_registration> owners;
+    for (;;) {
+      owners = live_owners(deadline);
+      bool all = true;
+      for (auto id : owners_)
+        all = all && owners.contains(id) && owners[id].tracker_version == v &&
+              !dead_.contains(owners[id].incarnation);
+      if (all) break;
+      DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
+                  "coordinator: not every owner is registered at version " + std::to_string(v));
+      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
+      with_retry("coordinator: wait for owners", deadline, [&] {
+        return plane_->wait_for_change(keys.owners(), seen,
+                                       std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
+      });
+    }
+    auto membership = must_read<membership_record>(keys.membership(), deadline);
+    auto regs = live_receivers(deadline);
+    while (!started_ && regs.size() < options_.min_receivers) {
+      DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
+                  "coordinator: only " + std::to_string(regs.size()) + " of " +
+                      std::to_string(options_.min_receivers) + " receivers registered");
+      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
+      with_retry("coordinator: wait for receivers", deadline, [&] {
+        return plane_->wait_for_change(keys.receivers(), seen,
+                                       std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
+      });
+      regs = live_receivers(deadline);
+    }
+    started_ = true;
+    membership_record next = membership.value;
+    for (auto it = next.receivers.begin(); it != next.receivers.end();) {
+      auto r = regs.find(it->first);
+      const bool stays = r != regs.end() && r->second.incarnation == it->second &&
+                         !dead_.contains(it->second) &&
+                         r->second.restored && r->second.committed_version == v;
+      it = stays ? std::next(it) : next.receivers.erase(it);
+    }
+    std::vector<std::string> joiners;
+    for (const auto& [name, reg] : regs) {
+      if (next.receivers.contains(name) || dead_.contains(reg.incarnation)) continue;
+      if (reg.registry_fingerprint != fingerprint_) continue;  // another model's receiver
+      if (reg.restored && reg.committed_version == v)
+        next.receivers[name] = reg.incarnation;  // holds v already (its checkpoint)
+      else
+        joiners.push_back(name);
+    }
+    if (next.receivers != membership.value.receivers) {
+      next.epoch = membership.value.epoch + 1;
+      if (!with_retry("coordinator: membership", deadline, [&] {
+            return put_if(*plane_, keys.membership(), encode_record(next), membership.revision);
+          }))
+        return std::nullopt;
+    }
+    attempt_record a;
+    a.base_version = v;
+    a.owners = owners_;
+    a.candidate = candidate;
+    a.membership_epoch = next.epoch;
+    a.deadline_unix_ms = unix_ms_now() + options_.attempt_timeout.count();
+    const bool same_transition = previous && previous->value.base_version == v;
+    a.refits_before = same_transition ? previous->value.refits_before +
+                                            (previous->value.kind == attempt_kind::refit ? 1 : 0)
+                                      : 0;
+    if (!joiners.empty()) {
+      a.kind = attempt_kind::restore;
+      a.target_version = v;
+      a.attempt = same_transition ? previous->value.attempt + 1 : 0;  // numbering shared
+      a.policy = encoding_policy::overwrite_only;
+      a.receivers = joiners;
+    } else {
+      DCR_EXPECTS(!next.receivers.empty(), errc::not_ready,
+                  "coordinator: no receiver is a member: nothing to refit");
+      a.kind = attempt_kind::refit;
+      a.target_version = v + 1;
+      a.attempt = same_transition ? previous->value.attempt + 1 : 0;
+      // Attempt numbers are shared by restores and refits of a transition; only a transition's
+      // very first refit attempt may use a delta encoding.
+      a.policy = a.refits_before > 0 ? encoding_policy::overwrite_only : options_.policy;
+      for (const auto& [name, inc] : next.receivers) {
+        a.receivers.push_back(name);
+        const auto& only = regs[name].overwrite_only;
+        a.overwrite_only.insert(a.overwrite_only.end(), only.begin(), only.end());
+      }
+      std::sort(a.overwrite_only.begin(), a.overwrite_only.end());
+      a.overwrite_only.erase(std::unique(a.overwrite_only.begin(), a.overwrite_only.end()),
+                             a.overwrite_only.end());
+      // Change digests owners reported for this candidate in earlier attempts.
+      if (same_transition) {
+        a.candidate_digests = previous->value.candidate_digests;
+        if (previous->value.kind == attempt_kind::refit)
+          for (const auto& r : with_retry("coordinator: reports", deadline, [&] {
+                 return read_records<owner_report>(*plane_, keys.reports(previous->value.key()));
+               }))
+            if (r.built) a.candidate_digests[r.owner] = r.change_digest;
+      }
+    }
+    const std::int64_t expected = previous ? previous->revision : 0;
+    const bool written = with_retry("coordinator: write attempt", deadline, [&] {
+      return put_if(*plane_, keys.attempt(), encode_record(a), expected);
+    });
+    if (!written) return std::nullopt;  // a racing coordinator wrote one: look again
+    (void)out;
+    auto fresh = must_read<attempt_record>(keys.attempt(), deadline);
+    return fresh;
+  }
+
+  // Watches the attempt until it can commit (failure empty) or has failed.
+  attempt_summary watch(const typed_record<attempt_record>& open,
+                        protocol_clock::time_point deadline) {
+    const auto& keys = options_.keys;
+    const attempt_record& a = open.value;
+    attempt_summary s;
+    s.key = a.key();
+    s.kind = a.kind;
+    s.policy = a.policy;
+    const auto t0 = protocol_clock::now();
+    const auto regs0 = live_receivers(deadline);
+    const auto owners0 = live_owners(deadline);
+    for (;;) {
+      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
+      auto rec = with_retry("coordinator: read attempt", deadline,
+                            [&] { return read_record<attempt_record>(*plane_, keys.attempt()); });
+      if (!rec || rec->revision != open.revision) {
+        s.failure = "the attempt record changed (another coordinator)";
+        break;
+      }
+      s.reports = with_retry("coordinator: reports", deadline, [&] {
+        return read_records<owner_report>(*plane_, keys.reports(s.key));
+      });
+      s.acks = with_retry("coordinator: acks", deadline, [&] {
+        return read_records<receiver_ack>(*plane_, keys.acks(s.key));
+      });
+      const auto regs = live_receivers(deadline);
+      const auto owners = live_owners(deadline);
+      std::size_t built = 0, applied = 0;
+      for (const auto& r : s.reports) {
+        if (!r.built && s.failure.empty()) s.failure = r.failure;
+        built += r.built ? 1 : 0;
+      }
+      for (const auto& k : s.acks) {
+        const bool ok = k.state == (a.kind == attempt_kind::restore ? ack_state::restored
+                                                                    : ack_state::applied);
+        if (!ok && s.failure.empty())
+          s.failure = k.failure.empty() ? "receiver '" + k.name + "' acknowledged " +
+                                              nlohmann::json(k.state).get<std::string>()
+                                        : k.failure;
+        applied += ok ? 1 : 0;
+      }
+      for (const auto& name : a.receivers) {
+        auto r = regs.find(name);
+        auto r0 = regs0.find(name);
+        const bool acked = std::any_of(s.acks.begin(), s.acks.end(),
+                                       [&](const auto& k) { return k.name == name; });
+        if (!acked && (r == regs.end() || (r0 != regs0.end() && r->second.incarnation != r0->second.incarnation))) {
+          if (s.failure.empty()) s.failure = "receiver '" + name + "' left (lease expired or restarted)";
+          if (r0 != regs0.end()) dead_.insert(r0->second.incarnation);
+        }
+      }
+      for (auto id : a.owners) {
+        auto o = owners.find(id);
+        auto o0 = owners0.find(id);
+        const bool reported = std::any_of(s.reports.begin(), s.reports.end(),
+                                          [&](const auto& r) { return r.owner == id; });
+        if (!reported && (o == owners.end() || (o0 != owners0.end() && o->second.incarnation != o0->second.incarnation))) {
+          if (s.failure.empty()) s.failure = "owner " + std::to_string(id) + " left (lease expired or restarted)";
+          if (o0 != owners0.end()) dead_.insert(o0->second.incarnation);
+        }
+      }
+      if (!s.failure.empty()) break;
+      if (built == a.owners.size() && applied == a.receivers.size()) break;  // can commit
+      if (unix_ms_now() > a.deadline_unix_ms) {
+        s.failure = "attempt deadline passed";
+        break;
+      }
+      DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
+                  "coordinator: attempt " + protocol_keys::tag(s.key) + " still open at the deadline");
+      with_retry("coordinator: wait", deadline, [&] {
+        return plane_->wait_for_change(keys.all(), seen,
+                                       std::min(deadline, protocol_clock::now() + std::chrono::milliseconds(500)));
+      });
+    }
+    s.seconds = std::chrono::duration<double>(protocol_clock::now() - t0).count();
+    return s;
+  }
+
+  commit_result commit_attempt(const typed_record<commit_record>& base,
+                               const typed_record<attempt_record>& open,
+                               const attempt_summary& s, protocol_clock::time_point deadline) {
+    const auto& keys = options_.keys;
+    commit_record next;
+    next.version = open.value.target_version;
+    next.attempt = open.value.attempt;
+    next.registry_fingerprint = fingerprint_;
+    next.membership_epoch = open.value.membership_epoch;
+    next.candidate = open.value.candidate;
+    std::uint64_t digest = 0;
+    for (const auto& r : s.reports) digest = XXH64(&r.manifest_digest, sizeof r.manifest_digest, digest);
+    next.manifest_digest = digest;
+    attempt_record done = open.value;
+    done.state = attempt_state::committed;
+    const key_compare cmp[] = {{keys.commit(), base.revision},
+                               {keys.attempt(), open.revision},
+                               {keys.history(next.version), 0}};
+    const key_write w[] = {{keys.commit(), encode_record(next), 0, false},
+                           {keys.attempt(), encode_record(done), 0, false},
+                           {keys.history(next.version), encode_record(next), 0, false}};
+    bool ok = false;
+    try {
+      ok = with_retry("coordinator: commit", deadline, [&] { return plane_->transact(cmp, w); });
+    } catch (const error& e) {
+      if (e.dcr_code() != errc::deadline_exceeded) throw;
+    }
+    // A transaction whose answer was lost (an outage) may have applied: the record tells.
+    const auto now = must_read<commit_record>(keys.commit(), deadline);
+    if (now.value == next) return ok ? commit_result::committed : commit_result::by_other;
+    return commit_result::lost;
+  }
+
+  // A restore succeeded: its receivers become members (they hold v now).
+  void complete_restore(const attempt_record& a, const attempt_summary& s,
+                        protocol_clock::time_point deadline) {
+    const auto& keys = options_.keys;
+    attempt_record done = a;
+    done.state = attempt_state::committed;
+    const auto current = must_read<attempt_record>(keys.attempt(), deadline);
+    with_retry("coordinator: close restore", deadline, [&] {
+      return put_if(*plane_, keys.attempt(), encode_record(done), current.revision);
+    });
+    (void)s;
+    // Membership is updated by the next prepare(): the restored receivers re-registered with
+    // restored = true at version v.
+  }
+
+  // Fences an attempt and waits until none of its receivers can still write it.
+  void fence(const typed_record<attempt_record>& open, protocol_clock::time_point deadline) {
+    const auto& keys = options_.keys;
+    attempt_record f = open.value;
+    f.state = attempt_state::fenced;
+    if (!with_retry("coordinator: fence", deadline, [&] {
+          return put_if(*plane_, keys.attempt(), encode_record(f), open.revision);
+        }))
+      return;  // changed meanwhile (another coordinator): the caller looks again
+    for (;;) {
+      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
+      const auto acks = with_retry("coordinator: acks", deadline, [&] {
+        return read_records<receiver_ack>(*plane_, keys.acks(f.key()));
+      });
+      const auto regs = live_receivers(deadline);
+      bool settled = true;
+      for (const auto& name : f.receivers) {
+        const bool acked = std::any_of(acks.begin(), acks.end(), [&](const auto& k) { return k.name == name; });
+        auto r = regs.find(name);
+        // Gone (lease expired) or restarted (a new process never wrote the old attempt).
+        const bool gone = r == regs.end() || !r->second.restored || r->second.committed_version != f.base_version;
+        settled = settled && (acked || gone);
+      }
+      if (settled) return;
+      DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
+                  "coordinator: receivers did not acknowledge the fence of attempt " +
+                      protocol_keys::tag(f.key()) + " by the deadline");
+      with_retry("coordinator: wait for fence", deadline, [&] {
+        return plane_->wait_for_change(keys.all(), seen,
+                                       std::min(deadline, protocol_clock::now() + std::chrono::milliseconds(500)));
+      });
+    }
+  }
+
+  // After the commit of `version`: payloads and per-attempt records of that transition and
+  // earlier ones are obsolete.
+  void cleanup(std::uint64_t version, protocol_clock::time_point deadline) {
+    try {
+      store_->erase_through(version);
+    } catch (const error&) {
+      // a store hiccup leaves garbage for the next commit to erase, never a wrong result
+    }
+    const auto& keys = options_.keys;
+    try {
+      with_retry("coordinator: cleanup", deadline, [&] {
+        std::vector<key_write> erases;
+        for (const auto* prefix : {"/reports/", "/acks/"})
+          for (const auto& r : plane_->list(keys.prefix + prefix)) {
+            const auto tag = r.key.substr(keys.prefix.size() + std::strlen(prefix));
+            const auto target = std::stoull(tag.substr(tag.find('-') + 1));
+            if (target <= version) erases.push_back({r.key, {}, 0, true});
+          }
+        if (!erases.empty()) plane_->transact({}, erases);
+        return 0;
+      });
+    } catch (const error&) {
+    }
+  }
+
+  Plane* plane_;
+  Store* store_;
+  std::uint64_t fingerprint_;
+  std::vector<std::uint32_t> owners_;
+  coordinator_options options_;
+  bool started_ = false;  // min_receivers was met once
+  std::set<std::string> dead_;  // incarnations seen leaving: never required again
+};
+
+}  // namespace dcr

@@ -1,0 +1,332 @@
+// dcr/protocol/owner_agent.hpp: the trainer side of the protocol for one owner, in the owner's
+// own process: it follows the attempt records, builds and puts the payloads of every attempt
+// the coordinator opens (pipelined), reports, and updates the trackers after the joint commit.
+//
+// States of one transition v -> v+1 (docs/protocol.md has the whole machine):
+//   waiting   -> an open refit attempt of v -> v+1 naming this owner's candidate appears
+//   building  -> chunks are built on the calling thread (detect, project, convert, encode);
+//                a second thread packs, compresses and puts each payload as soon as its chunk
+//                is built (at most queue_depth chunks in flight: memory stays bounded)
+//   reported  -> manifest put, owner_report written (built, or failed with the reason)
+//   committed -> the commit record says v+1 for this candidate: trackers and residual
+//                baselines are updated in place; serve_transition returns
+// A retry (attempt a > 0) is built from the same candidates as overwrites of the union of
+// every element any attempt of the transition sent. An owner restarted mid-transition
+// (initialized from version v) cannot know what its earlier self sent: it compares the digest
+// of its changed set with the one the coordinator recorded for it, and sends every element
+// (mode dense) if they differ, so a commit never binds a mixture of candidates. Restore
+// attempts (receivers joining) are answered with a dense overwrite of the trackers.
+#pragma once
+
+#include <atomic>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dcr/pipeline.hpp"
+#include "dcr/protocol/agent_support.hpp"
+#include "dcr/protocol/payload_store.hpp"
+#include "dcr/refit/owner.hpp"
+
+namespace dcr {
+
+struct owner_agent_options {
+  protocol_keys keys{};
+  std::size_t bucket_bytes = std::size_t{64} << 20;  ///< raw record bytes per payload (about)
+  std::size_t chunk_bytes = std::size_t{64} << 20;   ///< source bytes per pipelined chunk
+  codec_options codec{};
+  std::size_t queue_depth = 2;    ///< chunks between building and putting
+  bool pipelined = true;          ///< false: build everything, then pack and put
+  std::chrono::seconds lease_ttl{5};
+  /// Test hook, called after each payload put (attempt, payloads put so far); the simulate
+  /// tool kills the process here for `--kill owner:STEP`.
+  std::function<void(const attempt_record&, std::uint64_t)> after_put;
+};
+
+/// One build's timeline, for pictures and the overlap figure (seconds since the attempt was
+/// seen).
+struct stage_span {
+  std::string stage;  ///< "build", "compress+put"
+  double begin = 0, end = 0;
+};
+
+template <control_plane Plane, payload_store Store>
+class owner_agent {
+ public:
+  /// The owner, registry, control plane and store must outlive the agent.
+  owner_agent(owner& o, const tensor_registry& registry, Plane& plane, Store& store,
+              owner_agent_options options = {})
+      : owner_(&o), registry_(&registry), plane_(&plane), store_(&store),
+        options_(std::move(options)), incarnation_(make_incarnation()), encoder_(options_.codec) {
+    owner_->set_chunk_bytes(options_.chunk_bytes);
+  }
+  ~owner_agent() {
+    keeper_.reset();
+    if (lease_ != 0) {
+      try {
+        plane_->revoke(lease_);
+      } catch (const error&) {
+      }
+    }
+  }
+
+  /// Registers the owner (under a lease kept alive by a thread) with trackers at
+  /// `tracker_version` (initialize() the owner first). `restarted`: this process replaces one
+  /// that died; attempts it finds open and unreported are reported failed at once.
+  void start(std::uint64_t tracker_version, protocol_clock::time_point deadline,
+             bool restarted = false) {
+    tracker_version_ = tracker_version;
+    restarted_ = restarted;
+    with_retry("owner agent: register", deadline, [&] {
+      lease_ = plane_->grant_lease(options_.lease_ttl);
+      put(*plane_, options_.keys.owner(owner_->id()),
+          encode_record(owner_registration{owner_->id(), incarnation_, tracker_version_}), lease_);
+      return 0;
+    });
+    keeper_ = std::make_unique<lease_keeper<Plane>>(*plane_, lease_, options_.lease_ttl);
+    if (restarted) {  // the attempt open now is one its earlier self died in
+      const auto a = with_retry("owner agent: read attempt", deadline, [&] {
+        return read_record<attempt_record>(*plane_, options_.keys.attempt());
+      });
+      if (a && a->value.state == attempt_state::open) died_in_ = a->value.key();
+    }
+  }
+
+  /// Serves the transition tracker_version -> tracker_version + 1 for `candidate` (the
+  /// identity of the candidate weights, e.g. "step 7"; candidates/residual_inputs as for
+  /// owner::build_items) until the coordinator commits it, then updates the trackers and
+  /// returns the commit record. Throws deadline_exceeded at `deadline`, commit_conflict if the
+  /// deployment committed past this owner's trackers with other candidates.
+  commit_record serve_transition(const std::string& candidate,
+                                 std::span<const std::span<const std::byte>> candidates,
+                                 std::span<const std::span<const std::byte>> residual_inputs,
+                                 protocol_clock::time_point deadline) {
+    DCR_EXPECTS(lease_ != 0, errc::not_ready, "owner agent: serve_transition before start");
+    const std::uint64_t v = tracker_version_;
+    const auto& keys = options_.keys;
+    built_in_process_ = false;
+    for (;;) {
+      const std::int64_t seen = with_retry("owner agent: revision", deadline,
+                                           [&] { return plane_->revision(); });
+      const auto commit = with_retry("owner agent: read commit", deadline, [&] {
+        return read_record<commit_record>(*plane_, keys.commit());
+      });
+      if (commit && commit->value.version >= v + 1) {
+        DCR_EXPECTS(commit->value.version == v + 1 && commit->value.candidate == candidate,
+                    errc::commit_conflict,
+                    "owner " + std::to_string(owner_->id()) + ": version " +
+                        std::to_string(commit->value.version) + " was committed for '" +
+                        commit->value.candidate + "' but this owner's trackers hold version " +
+                        std::to_string(v) + " and its candidate is '" + candidate +
+                        "': restart it from the committed version");
+        if (!built_in_process_)  // committed from an earlier incarnation's payloads
+          owner_->build_items(candidates, encoding_policy::overwrite_only, residual_inputs,
+                              options_.codec);
+        owner_->commit(candidates, residual_inputs);
+        tracker_version_ = v + 1;
+        with_retry("owner agent: update registration", deadline, [&] {
+          put(*plane_, keys.owner(owner_->id()),
+              encode_record(owner_registration{owner_->id(), incarnation_, tracker_version_}),
+              lease_);
+          return 0;
+        });
+        restarted_ = false;
+        return commit->value;
+      }
+      const auto attempt = with_retry("owner agent: read attempt", deadline, [&] {
+        return read_record<attempt_record>(*plane_, keys.attempt());
+      });
+      if (attempt && attempt->value.state == attempt_state::open &&
+          attempt->value.base_version == v && !handled(attempt->value.key()) &&
+          std::find(attempt->value.owners.begin(), attempt->value.owners.end(), owner_->id()) !=
+              attempt->value.owners.end()) {
+        handle_attempt(attempt->value, candidate, candidates, residual_inputs, deadline);
+        continue;
+      }
+      DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
+                  "owner " + std::to_string(owner_->id()) + ": transition " + std::to_string(v) +
+                      " -> " + std::to_string(v + 1) + " not committed by the deadline");
+      with_retry("owner agent: wait", deadline, [&] {
+        return plane_->wait_for_change(keys.all(), seen,
+                                       std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
+      });
+    }
+  }
+
+  [[nodiscard]] std::uint64_t tracker_version() const noexcept { return tracker_version_; }
+  [[nodiscard]] const std::string& incarnation() const noexcept { return incarnation_; }
+  /// The report of the last attempt this agent built.
+  [[nodiscard]] const owner_report& last_report() const noexcept { return report_; }
+  /// The stage timeline of the last attempt this agent built.
+  [[nodiscard]] const std::vector<stage_span>& last_timeline() const noexcept { return timeline_; }
+  [[nodiscard]] const owner_agent_options& options() const noexcept { return options_; }
+
+ private:
+  using clock = protocol_clock;
+  static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  bool handled(const attempt_key& key) const {
+    return std::find(handled_.begin(), handled_.end(), key) != handled_.end();
+  }
+
+  void write_report(const attempt_key& key, protocol_clock::time_point deadline) {
+    with_retry("owner agent: report", deadline, [&] {
+      put(*plane_, options_.keys.report(key, owner_->id()), encode_record(report_));
+      return 0;
+    });
+  }
+
+  void handle_attempt(const attempt_record& a, const std::string& candidate,
+                      std::span<const std::span<const std::byte>> candidates,
+                      std::span<const std::span<const std::byte>> residual_inputs,
+                      protocol_clock::time_point deadline) {
+    const attempt_key key = a.key();
+    handled_.push_back(key);
+    report_ = {};
+    report_.owner = owner_->id();
+    report_.incarnation = incarnation_;
+    if (restarted_ && died_in_ && *died_in_ == key) {
+      // An attempt that was open when this process started: its earlier self died in it.
+      const auto earlier = with_retry("owner agent: read report", deadline, [&] {
+        return plane_->get(options_.keys.report(key, owner_->id()));
+      });
+      if (!earlier) {
+        report_.failure = "owner " + std::to_string(owner_->id()) +
+                          " restarted during this attempt";
+        write_report(key, deadline);
+        return;
+      }
+    }
+    if (a.kind == attempt_kind::refit && a.candidate != candidate) {
+      report_.failure = "attempt names candidate '" + a.candidate + "', owner " +
+                        std::to_string(owner_->id()) + " holds '" + candidate + "'";
+      write_report(key, deadline);
+      return;
+    }
+    try {
+      owner_->set_overwrite_only(a.overwrite_only);
+      if (a.kind == attempt_kind::restore) {
+        // A dense overwrite of the committed version: the trackers are the candidates.
+        restore_spans_.clear();
+        for (std::size_t i = 0; i < owner_->tasks().size(); ++i)
+          restore_spans_.push_back(owner_->tracker(i));
+        restore_inputs_.clear();
+        for (std::size_t r = 0; r < owner_->residual_tasks().size(); ++r)
+          for (std::size_t k = 0; k < owner_->residual_tasks()[r].inputs.size(); ++k)
+            restore_inputs_.push_back(owner_->residual_input_copy(r, k));
+        build_and_put(a, restore_spans_, restore_inputs_, build_mode::dense,
+                      encoding_policy::overwrite_only, deadline);
+      } else {
+        build_mode mode = build_mode::changes;
+        if (auto it = a.candidate_digests.find(owner_->id());
+            it != a.candidate_digests.end() && !built_in_process_) {
+          // Restarted mid-transition: are these the candidates an earlier attempt sent?
+          owner_->build_items(candidates, encoding_policy::overwrite_only, residual_inputs,
+                              options_.codec);
+          if (owner_->change_digest() != it->second) mode = build_mode::dense;
+        }
+        build_and_put(a, candidates, residual_inputs, mode, a.policy, deadline);
+        built_in_process_ = true;
+      }
+      report_.built = true;
+    } catch (const error& e) {
+      report_.built = false;
+      report_.failure = "owner " + std::to_string(owner_->id()) + ": " + e.what();
+    }
+    report_.peak_rss_bytes = peak_rss_bytes();
+    write_report(key, deadline);
+  }
+
+  // Builds every chunk and puts its payloads (on the stage thread when pipelined), then the
+  // manifest. Fills report_ and timeline_.
+  void build_and_put(const attempt_record& a, std::span<const std::span<const std::byte>> sources,
+                     std::span<const std::span<const std::byte>> residual_inputs, build_mode mode,
+                     encoding_policy policy, protocol_clock::time_point /*deadline*/) {
+    const auto t0 = clock::now();
+    timeline_.clear();
+    ids_.clear();
+    std::uint32_t sequence = 0;
+    std::uint64_t records = 0;
+    double compress = 0, put_time = 0;
+    payload_header header;
+    header.id = payload_id{a.base_version, a.target_version, a.attempt, owner_->id(), 0};
+    header.registry_fingerprint = registry_->fingerprint();
+    // Stage thread: pack + compress, then put.
+    auto pack_and_put = [&](std::vector<item>& items) {
+      const auto c0 = clock::now();
+      header.id.sequence = sequence;
+      pack_payloads(*registry_, header, items, options_.bucket_bytes, encoder_, payloads_);
+      const auto c1 = clock::now();
+      for (auto& p : payloads_) {
+        payload_id id = header.id;
+        id.sequence = sequence++;
+        store_->put(id, p);
+        ids_.push_back(id);
+        report_.payload_bytes += p.size();
+        ++report_.payloads;
+        if (options_.after_put) options_.after_put(a, report_.payloads);
+      }
+      const auto c2 = clock::now();
+      compress += seconds(c1 - c0);
+      put_time += seconds(c2 - c1);
+      timeline_.push_back({"compress+put", seconds(c0 - t0), seconds(c2 - t0)});
+    };
+    double build = 0;
+    if (options_.pipelined) {
+      pipeline_stage<std::vector<item>> stage(options_.queue_depth, pack_and_put);
+      for (std::size_t k = 0; k < owner_->chunk_count(); ++k) {
+        const auto b0 = clock::now();
+        std::vector<item> items =
+            owner_->build_chunk(k, sources, policy, residual_inputs, options_.codec, mode);
+        const auto b1 = clock::now();
+        build += seconds(b1 - b0);
+        timeline_.push_back({"build", seconds(b0 - t0), seconds(b1 - t0)});
+        for (const auto& it : items) records += it.count();
+        if (!items.empty()) stage.submit(std::move(items));
+      }
+      stage.drain();
+    } else {
+      const auto b0 = clock::now();
+      std::vector<item> items =
+          owner_->build_items(sources, policy, residual_inputs, options_.codec, mode);
+      const auto b1 = clock::now();
+      build = seconds(b1 - b0);
+      timeline_.push_back({"build", seconds(b0 - t0), seconds(b1 - t0)});
+      for (const auto& it : items) records += it.count();
+      pack_and_put(items);
+    }
+    store_->put_manifest(a.key(), owner_->id(), ids_);
+    std::uint64_t digest = 0;
+    for (const auto& id : ids_) digest = XXH64(&id, sizeof id, digest);
+    report_.manifest_digest = digest;
+    report_.change_digest = owner_->change_digest();
+    report_.records = records;
+    report_.changed_elements = owner_->stats().changed_elements;
+    report_.build_seconds = build;
+    report_.compress_seconds = compress;
+    report_.put_seconds = put_time;
+    report_.seconds = seconds(clock::now() - t0);
+  }
+
+  owner* owner_;
+  const tensor_registry* registry_;
+  Plane* plane_;
+  Store* store_;
+  owner_agent_options options_;
+  std::string incarnation_;
+  payload_encoder encoder_;
+  lease_id lease_ = 0;
+  std::unique_ptr<lease_keeper<Plane>> keeper_;
+  std::uint64_t tracker_version_ = 0;
+  bool restarted_ = false;
+  std::optional<attempt_key> died_in_;
+  bool built_in_process_ = false;
+  std::vector<attempt_key> handled_;
+  owner_report report_;
+  std::vector<stage_span> timeline_;
+  std::vector<std::vector<std::byte>> payloads_;
+  std::vector<payload_id> ids_;
+  std::vector<std::span<const std::byte>> restore_spans_, restore_inputs_;
+};
+
+}  // namespace dcr

@@ -1,0 +1,598 @@
+// tools/dcr/simulate_processes.cpp: `dcr simulate` across processes (see simulate_processes.hpp).
+//
+// The parent makes a work directory (a file control plane and a file payload store unless told
+// otherwise), starts `dcr simulate ... --role R --id N --workdir DIR` for the coordinator, each
+// owner and each receiver, and waits. Each agent computes only its own part of the synthetic
+// model from the seed and the step (dcr::sim::trainer_selection), and appends one JSON line per
+// step to DIR/results/<role>-<id>.jsonl. A process killed by `--kill` (it SIGKILLs itself at the
+// named point) is started again with --restarted and recovers as the protocol says. The parent
+// reads the lines and the children's peak memory (wait4) and reports.
+#include "simulate_processes.hpp"
+
+#include <fmt/core.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "args.hpp"
+#include "dcr/protocol/coordinator.hpp"
+#include "dcr/protocol/etcd_control_plane.hpp"
+#include "dcr/protocol/file_control_plane.hpp"
+#include "dcr/protocol/owner_agent.hpp"
+#include "dcr/protocol/receiver_agent.hpp"
+#include "dcr/sim/moe_engine.hpp"
+#include "dcr/testing/faults.hpp"
+
+namespace dcr_tool {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using dcr::protocol_clock;
+
+protocol_clock::time_point deadline_of(const simulate_settings& s) {
+  return protocol_clock::now() +
+         std::chrono::milliseconds(static_cast<std::int64_t>(s.timeout_seconds * 1000));
+}
+
+std::string plane_dir(const simulate_settings& s) {
+  if (s.commit.rfind("file:", 0) == 0) return s.commit.substr(5);
+  return (fs::path(s.workdir) / "control").string();
+}
+std::string store_dir(const simulate_settings& s) {
+  return s.store.empty() ? (fs::path(s.workdir) / "store").string() : s.store;
+}
+bool uses_etcd(const simulate_settings& s) { return s.commit.rfind("etcd", 0) == 0; }
+
+/// Calls f(plane, keys) with the control plane the settings name.
+template <class F>
+int with_plane(const simulate_settings& s, F&& f) {
+  if (uses_etcd(s)) {
+    const auto address = dcr::etcd_control_plane::parse_address(s.commit);
+    dcr::etcd_control_plane plane(address.endpoint);
+    dcr::protocol_keys keys{address.key_prefix};
+    return f(plane, keys);
+  }
+  dcr::file_control_plane plane(plane_dir(s));
+  return f(plane, dcr::protocol_keys{});
+}
+
+bool kill_here(const simulate_settings& s, const char* role, std::uint64_t target) {
+  if (s.restarted) return false;
+  for (const auto& k : s.kills)
+    if (k.role == role && k.id == s.id && static_cast<std::uint64_t>(k.step) == target) return true;
+  return false;
+}
+
+void append_line(const simulate_settings& s, const json& j) {
+  const auto path = fs::path(s.workdir) / "results" / (s.role + "-" + std::to_string(s.id) + ".jsonl");
+  std::ofstream out(path, std::ios::app);
+  out << j.dump() << "\n";
+}
+
+std::vector<std::uint32_t> owner_ids(const dcr::sim::synthetic_trainer& t) {
+  std::set<std::uint32_t> ids;
+  for (auto o : t.owners()) ids.insert(o);
+  for (auto o : t.residual_owners()) ids.insert(o);
+  return {ids.begin(), ids.end()};
+}
+
+template <class Plane>
+std::uint64_t wait_for_commit_record(Plane& plane, const dcr::protocol_keys& keys,
+                                     protocol_clock::time_point deadline) {
+  for (;;) {
+    auto c = dcr::with_retry("agent: read commit", deadline, [&] {
+      return dcr::read_record<dcr::commit_record>(plane, keys.commit());
+    });
+    if (c) return c->value.version;
+    DCR_EXPECTS(protocol_clock::now() < deadline, dcr::errc::deadline_exceeded,
+                "no commit record appeared (is the coordinator running?)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// ---- the agents
+
+int run_coordinator(const simulate_settings& s) {
+  const dcr::tensor_registry registry(s.model.canonical_tensors());
+  const dcr::sim::synthetic_trainer layout(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
+                                           s.trainer_layout, dcr::sim::trainer_selection::none());
+  return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
+    dcr::file_payload_store store(store_dir(s));
+    dcr::coordinator_options o;
+    o.keys = keys;
+    o.policy = s.options.policy;
+    o.min_receivers = s.restarted ? 0 : static_cast<std::size_t>(s.receiver_tp);
+    o.before_commit = [&](const dcr::attempt_record& a) {
+      if (kill_here(s, "coordinator", a.target_version)) ::raise(SIGKILL);
+    };
+    dcr::coordinator coord(plane, store, registry.fingerprint(), owner_ids(layout), o);
+    const auto deadline = deadline_of(s);
+    coord.initialize(0, deadline);
+    const auto v0 = wait_for_commit_record(plane, keys, deadline);
+    for (auto step = v0 + 1; step <= static_cast<std::uint64_t>(s.steps); ++step) {
+      const auto t = coord.run_transition("step " + std::to_string(step), deadline_of(s));
+      json j{{"step", step}, {"committed", t.committed}, {"committed_by_other", t.committed_by_other},
+             {"seconds", t.seconds}, {"commit_seconds", t.commit_seconds}, {"restores", t.restores}};
+      json attempts = json::array();
+      for (const auto& a : t.attempts) {
+        json owners = json::array(), acks = json::array();
+        for (const auto& r : a.reports) owners.push_back(r);
+        for (const auto& k : a.acks) acks.push_back(k);
+        attempts.push_back({{"attempt", a.key.attempt}, {"kind", a.kind}, {"policy", a.policy},
+                            {"committed", a.committed}, {"failure", a.failure},
+                            {"seconds", a.seconds}, {"reports", owners}, {"acks", acks}});
+      }
+      j["attempts"] = attempts;
+      append_line(s, j);
+      if (!t.committed) return 1;
+    }
+    return 0;
+  });
+}
+
+int run_owner(const simulate_settings& s) {
+  const dcr::tensor_registry registry(s.model.canonical_tensors());
+  const auto rank = static_cast<std::uint32_t>(s.id);
+  dcr::sim::synthetic_trainer trainer(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
+                                      s.trainer_layout,
+                                      dcr::sim::trainer_selection::owned_by(rank));
+  const auto owners = trainer.owners();
+  const auto residual_owners = trainer.residual_owners();
+  std::vector<dcr::affine_task> tasks;
+  std::vector<dcr::residual_task> residual;
+  std::vector<std::size_t> shard_index, residual_index;
+  for (std::size_t i = 0; i < owners.size(); ++i)
+    if (owners[i] == rank) {
+      tasks.push_back(trainer.shards()[i].task);
+      shard_index.push_back(i);
+    }
+  for (std::size_t r = 0; r < residual_owners.size(); ++r)
+    if (residual_owners[r] == rank) {
+      residual.push_back(trainer.residual()[r].task);
+      residual_index.push_back(r);
+    }
+  dcr::owner owner(registry, rank, std::move(tasks), std::move(residual));
+  auto spans = [&](std::vector<std::span<const std::byte>>& c,
+                   std::vector<std::span<const std::byte>>& in) {
+    c.clear();
+    in.clear();
+    for (auto i : shard_index) c.push_back(trainer.words(i));
+    for (auto r : residual_index)
+      for (std::size_t k = 0; k < trainer.residual()[r].task.inputs.size(); ++k)
+        in.push_back(trainer.residual_words(r, k));
+  };
+  const dcr::sim::stress_schedule schedule(s.rate);
+  return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
+    dcr::file_payload_store store(store_dir(s));
+    const auto deadline = deadline_of(s);
+    // Trackers from the committed version (a restarted owner regenerates version v from the
+    // seed, as a framework would reload its checkpoint of v).
+    const auto v = wait_for_commit_record(plane, keys, deadline);
+    trainer.advance_to(v, schedule);
+    std::vector<std::span<const std::byte>> cand, inputs;
+    spans(cand, inputs);
+    owner.initialize(cand, inputs);
+    dcr::owner_agent_options o;
+    o.keys = keys;
+    o.bucket_bytes = s.options.bucket_bytes;
+    o.chunk_bytes = s.options.bucket_bytes;
+    o.codec = s.options.codec;
+    o.pipelined = s.pipelined;
+    o.after_put = [&](const dcr::attempt_record& a, std::uint64_t n) {
+      if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "owner", a.target_version))
+        ::raise(SIGKILL);
+    };
+    dcr::owner_agent agent(owner, registry, plane, store, o);
+    agent.start(v, deadline, s.restarted);
+    for (auto step = v + 1; step <= static_cast<std::uint64_t>(s.steps); ++step) {
+      trainer.advance_to(step, schedule);
+      spans(cand, inputs);
+      const auto t0 = protocol_clock::now();
+      agent.serve_transition("step " + std::to_string(step), cand, inputs, deadline_of(s));
+      json j{{"step", step}, {"report", agent.last_report()},
+             {"seconds", std::chrono::duration<double>(protocol_clock::now() - t0).count()},
+             {"tracker_bytes", owner.tracker_bytes()}};
+      json timeline = json::array();
+      for (const auto& span : agent.last_timeline())
+        timeline.push_back({{"stage", span.stage}, {"begin", span.begin}, {"end", span.end}});
+      j["timeline"] = timeline;
+      append_line(s, j);
+    }
+    return 0;
+  });
+}
+
+int run_receiver(const simulate_settings& s) {
+  const dcr::tensor_registry registry(s.model.canonical_tensors());
+  const int rank = s.id;
+  const dcr::sim::synthetic_trainer model(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
+                                          s.trainer_layout, dcr::sim::trainer_selection::none());
+  const dcr::sim::stress_schedule schedule(s.rate);
+  dcr::sim::moe_engine_storage storage(s.model, s.receiver_tp, rank, s.engine_layout);
+  dcr::sim::moe_engine_loader loader(storage);
+  dcr::receiver<dcr::sim::moe_engine_loader> rx(registry, loader, dcr::apply_options{s.path, false});
+  rx.prewarm();
+  std::unique_ptr<dcr::sim::moe_engine_storage> reference;
+  std::vector<std::byte> canonical, scratch;
+  // Dense load of version `step`, one canonical tensor at a time, through `target`'s loader.
+  auto dense_load = [&](dcr::receiver<dcr::sim::moe_engine_loader>& target, std::uint64_t step) {
+    for (std::size_t id = 0; id < registry.size(); ++id) {
+      const auto& t = registry.at(static_cast<dcr::tensor_id>(id));
+      canonical.resize(static_cast<std::size_t>(t.bytes()));
+      model.canonical_at(static_cast<dcr::tensor_id>(id), step, schedule, canonical);
+      dcr::visit_word(dcr::dtype_size(t.type), [&](auto w) {
+        using W = decltype(w);
+        target.template dense_load<W>(static_cast<dcr::tensor_id>(id),
+                                      dcr::tensor_view<const W>::contiguous(
+                                          reinterpret_cast<const W*>(canonical.data()), t.shape));
+      });
+    }
+  };
+  return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
+    dcr::file_payload_store store(store_dir(s));
+    dcr::store_source<dcr::file_payload_store> source(store);
+    const auto deadline = deadline_of(s);
+    const auto v = wait_for_commit_record(plane, keys, deadline);
+    // A first start loads version v from its "checkpoint" (the seed); a restarted receiver has
+    // lost its storage and is restored through the protocol.
+    if (!s.restarted) dense_load(rx, v);
+    dcr::receiver_agent_options o;
+    o.keys = keys;
+    o.asynchronous = s.asynchronous;
+    o.after_apply = [&](const dcr::attempt_record& a, std::uint64_t n) {
+      if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "receiver", a.target_version))
+        ::raise(SIGKILL);
+    };
+    std::atomic<int> gate_closes{0}, gate_opens{0};
+    dcr::request_gate gate{[&] { ++gate_closes; }, [&] { ++gate_opens; }};
+    auto serve = [&](auto& src) {
+      dcr::receiver_agent agent("r" + std::to_string(rank), rx, registry.fingerprint(), plane, src,
+                                o, gate);
+      agent.start(v, !s.restarted, deadline);
+      auto verify = [&](std::uint64_t held, double serve_seconds) {
+        // A dense refit of version `held` through this receiver's own loader, into fresh
+        // storage, compared byte for byte (padding included).
+        const auto v0 = protocol_clock::now();
+        if (!reference)
+          reference = std::make_unique<dcr::sim::moe_engine_storage>(s.model, s.receiver_tp, rank,
+                                                                     s.engine_layout);
+        reference->reset();
+        dcr::sim::moe_engine_loader ref_loader(*reference);
+        dcr::receiver<dcr::sim::moe_engine_loader> ref_rx(registry, ref_loader,
+                                                          dcr::apply_options{s.path, false});
+        dense_load(ref_rx, held);
+        const auto diff = storage.first_difference(*reference);
+        json j{{"step", held}, {"bit_exact", diff.empty()}, {"mismatch", diff},
+               {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", serve_seconds},
+               {"verify_seconds", std::chrono::duration<double>(protocol_clock::now() - v0).count()},
+               {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
+               {"gate_closes", gate_closes.load()}, {"gate_opens", gate_opens.load()},
+               {"storage_bytes", storage.bytes()}};
+        append_line(s, j);
+      };
+      std::uint64_t held = v;
+      if (s.restarted) {  // restored through the protocol first, then verified
+        const auto t0 = protocol_clock::now();
+        held = agent.serve_until(v, deadline_of(s));
+        verify(held, std::chrono::duration<double>(protocol_clock::now() - t0).count());
+      }
+      while (held < static_cast<std::uint64_t>(s.steps)) {
+        const auto t0 = protocol_clock::now();
+        held = agent.serve_until(held + 1, deadline_of(s));
+        verify(held, std::chrono::duration<double>(protocol_clock::now() - t0).count());
+      }
+      return 0;
+    };
+    if (s.fault != "none" && rank == 0) {
+      const auto step = static_cast<std::uint64_t>(s.fault_step);
+      dcr::testing::delivery_fault kind = dcr::testing::delivery_fault::none;
+      if (s.fault == "duplicate") kind = dcr::testing::delivery_fault::duplicate;
+      if (s.fault == "corrupt") kind = dcr::testing::delivery_fault::corrupt;
+      if (s.fault == "drop-receiver") kind = dcr::testing::delivery_fault::drop;
+      if (s.fault == "reorder") kind = dcr::testing::delivery_fault::reorder;
+      if (s.fault == "delay") kind = dcr::testing::delivery_fault::delay;
+      if (s.fault == "stale") kind = dcr::testing::delivery_fault::stale;
+      // stale needs a failed attempt first: drop the second delivery of attempt 0, then
+      // deliver a kept payload of attempt 0 during attempt 1.
+      dcr::testing::faulty_source<dcr::store_source<dcr::file_payload_store>> faulty(
+          source, [=](const dcr::attempt_key& key, std::uint64_t ordinal) {
+            if (key.target_version != step) return dcr::testing::delivery_fault::none;
+            if (kind == dcr::testing::delivery_fault::stale) {
+              if (key.attempt == 0 && ordinal == 1) return dcr::testing::delivery_fault::drop;
+              if (key.attempt > 0 && ordinal == 0) return dcr::testing::delivery_fault::stale;
+              return dcr::testing::delivery_fault::none;
+            }
+            return key.attempt == 0 && ordinal == 0 ? kind : dcr::testing::delivery_fault::none;
+          });
+      return serve(faulty);
+    }
+    return serve(source);
+  });
+}
+
+// ---- the parent
+
+struct child {
+  std::string role;
+  int id = 0;
+  pid_t pid = -1;
+  bool restarted = false;
+  bool running = false;
+  int status = 0;
+  std::uint64_t peak_rss_bytes = 0;
+};
+
+std::vector<std::string> child_args(const simulate_settings& s, const std::string& role, int id,
+                                    bool restarted) {
+  std::vector<std::string> a{"dcr", "simulate"};
+  a.insert(a.end(), s.argv.begin(), s.argv.end());
+  a.insert(a.end(), {"--role", role, "--id", std::to_string(id), "--workdir", s.workdir});
+  if (restarted) a.push_back("--restarted");
+  return a;
+}
+
+pid_t spawn(const std::vector<std::string>& args) {
+  const pid_t pid = ::fork();
+  if (pid < 0) throw dcr::error(dcr::errc::io_error, "dcr simulate: fork failed");
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+std::vector<json> read_lines(const fs::path& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+// `--commit-outage STEP`: once the attempt of STEP is open, the control plane goes away for
+// three seconds (the file store's directory is moved aside; an etcd server this run may freeze
+// (DCR_ETCD_PID) is stopped with SIGSTOP) and comes back.
+void outage_thread(const simulate_settings& s, std::atomic<bool>& stop, std::atomic<bool>& done) {
+  try {
+    with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
+      while (!stop.load()) {
+        try {
+          auto a = dcr::read_record<dcr::attempt_record>(plane, keys.attempt());
+          if (a && a->value.target_version == static_cast<std::uint64_t>(s.commit_outage)) break;
+        } catch (const dcr::error&) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      return 0;
+    });
+    if (stop.load()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (uses_etcd(s)) {
+      const char* pid = std::getenv("DCR_ETCD_PID");
+      if (pid == nullptr) return;
+      ::kill(static_cast<pid_t>(std::stol(pid)), SIGSTOP);
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      ::kill(static_cast<pid_t>(std::stol(pid)), SIGCONT);
+    } else {
+      const fs::path dir = plane_dir(s);
+      const fs::path away = dir.string() + ".outage";
+      fs::rename(dir, away);
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      fs::rename(away, dir);
+    }
+    done = true;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dcr simulate: outage injection failed: {}\n", e.what());
+  }
+}
+
+}  // namespace
+
+int run_simulate_agent(const simulate_settings& s) {
+  try {
+    if (s.role == "coordinator") return run_coordinator(s);
+    if (s.role == "owner") return run_owner(s);
+    if (s.role == "receiver") return run_receiver(s);
+    fmt::print(stderr, "dcr simulate: unknown --role '{}'\n", s.role);
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dcr simulate: {} {}: {}\n", s.role, s.id, e.what());
+    return 1;
+  }
+}
+
+int run_simulate_processes(const simulate_settings& settings) {
+  simulate_settings s = settings;
+  char tmpl[] = "/tmp/dcr-simulate-XXXXXX";
+  DCR_EXPECTS(::mkdtemp(tmpl) != nullptr, dcr::errc::io_error, "dcr simulate: cannot make a work directory");
+  s.workdir = tmpl;
+  fs::create_directories(fs::path(s.workdir) / "results");
+  if (!uses_etcd(s)) dcr::file_control_plane::create(plane_dir(s));
+  const dcr::tensor_registry registry(s.model.canonical_tensors());
+  const dcr::sim::synthetic_trainer layout(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
+                                           s.trainer_layout, dcr::sim::trainer_selection::none());
+  const auto owners = owner_ids(layout);
+  const auto t0 = protocol_clock::now();
+
+  std::vector<child> children;
+  children.push_back({"coordinator", 0});
+  for (auto o : owners) children.push_back({"owner", static_cast<int>(o)});
+  for (int r = 0; r < s.receiver_tp; ++r) children.push_back({"receiver", r});
+  for (auto& c : children) {
+    c.pid = spawn(child_args(s, c.role, c.id, false));
+    c.running = true;
+  }
+  std::atomic<bool> stop_outage{false}, outage_done{false};
+  std::thread outage;
+  if (s.commit_outage >= 1) outage = std::thread(outage_thread, std::cref(s), std::ref(stop_outage), std::ref(outage_done));
+
+  std::vector<child> finished;  // every process that ran, restarted ones included
+  int failures = 0;
+  const auto deadline = deadline_of(s) + std::chrono::seconds(30);
+  while (std::any_of(children.begin(), children.end(), [](const child& c) { return c.running; })) {
+    int status = 0;
+    rusage usage{};
+    const pid_t pid = ::wait4(-1, &status, WNOHANG, &usage);
+    if (pid <= 0) {
+      if (protocol_clock::now() > deadline) {
+        for (auto& c : children)
+          if (c.running) ::kill(c.pid, SIGKILL);
+        fmt::print(stderr, "dcr simulate: agents still running at the deadline; killed\n");
+        ++failures;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    for (auto& c : children) {
+      if (c.pid != pid || !c.running) continue;
+      c.running = false;
+      c.status = status;
+      c.peak_rss_bytes = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
+      finished.push_back(c);
+      const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      const bool planned = std::any_of(s.kills.begin(), s.kills.end(), [&](const kill_request& k) {
+        return k.role == c.role && k.id == c.id;
+      });
+      if (killed && planned && !c.restarted) {
+        c.pid = spawn(child_args(s, c.role, c.id, true));
+        c.running = true;
+        c.restarted = true;
+      } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        ++failures;
+        fmt::print(stderr, "dcr simulate: {} {} (pid {}) failed (status {})\n", c.role, c.id,
+                   c.pid, status);
+      }
+    }
+  }
+  stop_outage = true;
+  if (outage.joinable()) outage.join();
+  const double total_seconds = std::chrono::duration<double>(protocol_clock::now() - t0).count();
+
+  // ---- report
+  const fs::path results = fs::path(s.workdir) / "results";
+  const auto steps = read_lines(results / "coordinator-0.jsonl");
+  std::map<std::uint64_t, std::vector<json>> receiver_lines, owner_lines;
+  for (int r = 0; r < s.receiver_tp; ++r)
+    for (auto& j : read_lines(results / ("receiver-" + std::to_string(r) + ".jsonl")))
+      receiver_lines[j["step"].get<std::uint64_t>()].push_back(j);
+  for (auto o : owners)
+    for (auto& j : read_lines(results / ("owner-" + std::to_string(o) + ".jsonl")))
+      owner_lines[j["step"].get<std::uint64_t>()].push_back(j);
+  std::set<std::uint64_t> committed_versions;
+  bool all_ok = failures == 0 && static_cast<std::int64_t>(steps.size()) == s.steps;
+  json report_steps = json::array();
+  std::uint64_t fenced = 0, restores = 0;
+  for (const auto& st : steps) {
+    const auto step = st["step"].get<std::uint64_t>();
+    const bool committed = st["committed"].get<bool>();
+    const bool once = committed_versions.insert(step).second;
+    // Every receiver reports the steps it held; all of them must be bit-exact, and every
+    // receiver rank must have verified this step (a restarted one verifies after its restore).
+    bool exact = committed && once;
+    std::set<std::string> ranks;
+    std::string mismatch;
+    for (const auto& r : receiver_lines[step]) {
+      exact = exact && r["bit_exact"].get<bool>();
+      if (!r["bit_exact"].get<bool>()) mismatch = r["mismatch"].get<std::string>();
+      ranks.insert(r["name"].get<std::string>());
+      fenced += r["stale_refused"].get<std::uint64_t>();
+    }
+    restores += st["restores"].get<std::uint64_t>();
+    std::set<std::string> expected_ranks;
+    for (int r = 0; r < s.receiver_tp; ++r) expected_ranks.insert("r" + std::to_string(r));
+    exact = exact && ranks == expected_ranks;
+    all_ok = all_ok && exact;
+    std::uint64_t bytes = 0, payloads = 0, changed = 0;
+    double build = 0, compress = 0, apply = 0, fetch = 0;
+    json failures_list = json::array();
+    for (const auto& a : st["attempts"]) {
+      if (!a["failure"].get<std::string>().empty()) failures_list.push_back(a["failure"]);
+      for (const auto& r : a["reports"]) {
+        bytes += r["payload_bytes"].get<std::uint64_t>();
+        payloads += r["payloads"].get<std::uint64_t>();
+        if (a["committed"].get<bool>()) {
+          changed += r["changed_elements"].get<std::uint64_t>();
+          build = std::max(build, r["build_seconds"].get<double>());
+          compress = std::max(compress, r["compress_seconds"].get<double>() + r["put_seconds"].get<double>());
+        }
+      }
+      if (a["committed"].get<bool>())
+        for (const auto& k : a["acks"]) {
+          apply = std::max(apply, k["apply_seconds"].get<double>());
+          fetch = std::max(fetch, k["fetch_seconds"].get<double>());
+        }
+    }
+    json one{{"step", step}, {"committed", committed}, {"committed_once", once},
+             {"bit_exact", exact}, {"attempts", st["attempts"].size()},
+             {"payloads", payloads}, {"payload_bytes", bytes}, {"changed_elements", changed},
+             {"restores", st["restores"]}, {"committed_by_other", st["committed_by_other"]},
+             {"seconds", {{"total", st["seconds"]}, {"commit", st["commit_seconds"]},
+                          {"build", build}, {"compress_put", compress}, {"fetch", fetch},
+                          {"apply", apply}}},
+             {"failures", failures_list}};
+    if (!mismatch.empty()) one["mismatch"] = mismatch;
+    if (!owner_lines[step].empty()) {
+      json timelines = json::array();
+      for (const auto& o : owner_lines[step])
+        timelines.push_back({{"owner", o["report"]["owner"]}, {"timeline", o["timeline"]}});
+      one["owner_timelines"] = timelines;
+    }
+    report_steps.push_back(one);
+  }
+  json processes = json::array();
+  for (const auto& c : finished)
+    processes.push_back({{"role", c.role}, {"id", c.id}, {"pid", c.pid}, {"restarted", c.restarted},
+                         {"peak_rss_bytes", c.peak_rss_bytes},
+                         {"exit", WIFEXITED(c.status) ? WEXITSTATUS(c.status) : -WTERMSIG(c.status)}});
+  const auto checkpoint_bytes = static_cast<std::uint64_t>(registry.total_bytes());
+  if (s.json) {
+    json out{{"mode", "processes"}, {"checkpoint_bytes", checkpoint_bytes},
+             {"canonical_tensors", registry.size()}, {"commit", uses_etcd(s) ? s.commit : "file"},
+             {"asynchronous", s.asynchronous}, {"pipelined", s.pipelined},
+             {"steps", report_steps}, {"processes", processes}, {"restores", restores},
+             {"fenced_payloads", fenced}, {"commit_outage_injected", outage_done.load()},
+             {"seconds", total_seconds}, {"all_bit_exact", all_ok}};
+    fmt::print("{}\n", out.dump(2));
+  } else {
+    fmt::print("dcr simulate: {} processes (1 coordinator, {} owners, {} receivers), {:.1f} MB "
+               "checkpoint, control plane {}, payload store {}\n",
+               children.size(), owners.size(), s.receiver_tp, checkpoint_bytes / 1e6,
+               uses_etcd(s) ? s.commit : plane_dir(s), store_dir(s));
+    for (const auto& st : report_steps)
+      fmt::print("step {:>3}: {:>11} changed  {:>12} payload bytes  {} attempt(s)  {:.3f} s  {}{}\n",
+                 st["step"].get<std::uint64_t>(), st["changed_elements"].get<std::uint64_t>(),
+                 st["payload_bytes"].get<std::uint64_t>(), st["attempts"].get<std::size_t>(),
+                 st["seconds"]["total"].get<double>(),
+                 st["bit_exact"].get<bool>() ? "bit-exact" : "MISMATCH",
+                 st["failures"].empty() ? std::string() : "  (retried after: " + st["failures"][0].get<std::string>() + ")");
+    for (const auto& p : processes)
+      fmt::print("  {:<12} {:>2}  pid {:>7}  peak RSS {:>8.1f} MB{}\n", p["role"].get<std::string>(),
+                 p["id"].get<int>(), p["pid"].get<int>(), p["peak_rss_bytes"].get<std::uint64_t>() / 1e6,
+                 p["restarted"].get<bool>() ? "  (restarted)" : "");
+    fmt::print("  result: {}\n", all_ok ? "every step committed once and bit-exact"
+                                        : "NOT every step committed once and bit-exact");
+  }
+  if (!s.keep) {
+    std::error_code ec;
+    fs::remove_all(s.workdir, ec);
+  } else {
+    fmt::print(stderr, "dcr simulate: kept {}\n", s.workdir);
+  }
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace dcr_tool

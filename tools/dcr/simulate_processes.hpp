@@ -1,0 +1,65 @@
+// tools/dcr/simulate_processes.hpp: `dcr simulate` as separate OS processes (the default): the
+// coordinator, every owner and every receiver in a process of its own, talking only through a
+// payload store and a control plane (docs/simulate.md, docs/protocol.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcr/refit/coordinator.hpp"
+#include "dcr/sim/moe_engine.hpp"
+#include "dcr/sim/moe_model.hpp"
+#include "dcr/apply/apply.hpp"
+
+namespace dcr_tool {
+
+/// A process to SIGKILL in the middle of a step (`--kill ROLE[/ID]:STEP`).
+struct kill_request {
+  std::string role;  ///< receiver, owner or coordinator
+  int id = 0;        ///< which receiver rank or owner id (0 by default)
+  std::int64_t step = 0;
+};
+
+/// Everything `dcr simulate` was told, shared by the parent and its agent processes.
+struct simulate_settings {
+  std::uint64_t size = 0;
+  std::int64_t steps = 3;
+  double rate = 0.01;
+  std::uint64_t seed = 1;
+  dcr::sim::moe_config model;
+  int trainer_tp = 2, trainer_dp = 2, receiver_tp = 4;
+  dcr::sim::trainer_layout trainer_layout = dcr::sim::trainer_layout::megatron;
+  dcr::sim::engine_layout engine_layout = dcr::sim::engine_layout::serving;
+  dcr::apply_path path = dcr::apply_path::compiled;
+  std::string apply_path_text = "compiled";
+  dcr::refit_options options;
+  std::string fault = "none";
+  std::int64_t fault_step = 2;
+  bool json = false;
+  // Processes.
+  std::string commit = "file";  ///< file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory
+  std::string store;            ///< payload store directory ("" = in the work directory)
+  bool keep = false;
+  bool asynchronous = false;
+  bool pipelined = true;
+  std::vector<kill_request> kills;
+  std::int64_t commit_outage = -1;
+  double timeout_seconds = 300;
+  // An agent process (set by the parent when it starts one).
+  std::string role;
+  int id = 0;
+  std::string workdir;
+  bool restarted = false;
+  std::vector<std::string> argv;  ///< the arguments the parent was given
+};
+
+/// The parent: starts every agent process, restarts the killed ones, injects outages, and
+/// reports. Returns the exit code (0 only if every step committed once and is bit-exact).
+int run_simulate_processes(const simulate_settings& s);
+
+/// One agent process (s.role). Returns its exit code.
+int run_simulate_agent(const simulate_settings& s);
+
+}  // namespace dcr_tool
