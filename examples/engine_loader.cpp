@@ -95,12 +95,10 @@ int main() {
   shards[0][3] ^= 0x0001;  // q, rank 0
   shards[4][1] ^= 0x8000;  // k, rank 1
 
-  dcr::memory_transport transport;
-  dcr::memory_commit_store commits;
-  dcr::initialize_commit_record(commits, 0, registry.fingerprint());
+  // The protocol's agents in one process (memory control plane and payload store).
   dcr::receiver_endpoint* receivers[] = {&rx};
-  const auto report = dcr::run_transition(registry, std::span(bindings), std::span(receivers),
-                                          transport, commits, 0);
+  dcr::in_process_refit refit(registry, std::span(bindings), std::span(receivers), 0);
+  const auto report = refit.run();
 
   // A dense refit of the new weights into fresh storage, through the same loader.
   engine reference;

@@ -142,15 +142,16 @@ TEST_CASE("bad payloads are refused with a clear error and leave storage bit-ide
   dcr::refit_options once;
   once.max_attempts = 1;
   once.bucket_bytes = 2048;
-  const auto report = d.refit(once, [](std::uint32_t, std::size_t, std::size_t) {
-    return dcr::delivery_action::fail_receiver;
+  const auto report = d.refit(once, [](std::uint32_t, std::size_t, std::uint64_t) {
+    return dcr::testing::delivery_fault::drop;
   });
   REQUIRE_FALSE(report.committed);
   const dcr::attempt_key key{0, 1, 0};
-  const auto ids = d.transport().manifest(key);
+  std::vector<dcr::payload_id> ids;
+  for (const auto& l : d.store().list(key)) ids.insert(ids.end(), l.ids.begin(), l.ids.end());
   REQUIRE(ids.size() >= 2);
   std::vector<std::byte> payload;
-  d.transport().fetch(ids[0], payload);
+  REQUIRE(d.store().get(ids[0], payload) == dcr::get_status::found);
   auto& rx = d.receiver_at(0);
   rx.begin_attempt(key);
   const auto before = snapshot(d);
@@ -196,18 +197,20 @@ TEST_CASE("bad payloads are refused with a clear error and leave storage bit-ide
     in_process_deployment other(other_options);
     other.start();
     other.trainer().stress_step(0.05);
-    REQUIRE(other.refit(once, [](std::uint32_t, std::size_t, std::size_t) {
-                   return dcr::delivery_action::fail_receiver;
+    REQUIRE(other.refit(once, [](std::uint32_t, std::size_t, std::uint64_t) {
+                   return dcr::testing::delivery_fault::drop;
                  }).committed == false);
     std::vector<std::byte> foreign;
-    other.transport().fetch(other.transport().manifest(key).at(0), foreign);
+    const auto listing = other.store().list(key);
+    REQUIRE_FALSE(listing.empty());
+    REQUIRE(other.store().get(listing.at(0).ids.at(0), foreign) == dcr::get_status::found);
     expect_error(foreign, "other model");
   }
 }
 
 TEST_CASE("a failed attempt is repaired by an overwrite retry; duplicates and corruption are survived") {
-  for (auto action : {dcr::delivery_action::fail_receiver, dcr::delivery_action::deliver_twice,
-                      dcr::delivery_action::corrupt}) {
+  using dcr::testing::delivery_fault;
+  for (auto action : {delivery_fault::drop, delivery_fault::duplicate, delivery_fault::corrupt}) {
     CAPTURE(static_cast<int>(action));
     in_process_deployment d(small_options());
     d.start();
@@ -216,19 +219,19 @@ TEST_CASE("a failed attempt is repaired by an overwrite retry; duplicates and co
     ro.bucket_bytes = 1024;
     // Receiver 1 gets the fault at its third payload of attempt 0; earlier payloads were applied
     // (xor records), so a dropped receiver holds a partial transition until the retry.
-    const auto report = d.refit(ro, [&](std::uint32_t attempt, std::size_t r, std::size_t k) {
-      return attempt == 0 && r == 1 && k == 2 ? action : dcr::delivery_action::deliver;
+    const auto report = d.refit(ro, [&](std::uint32_t attempt, std::size_t r, std::uint64_t k) {
+      return attempt == 0 && r == 1 && k == 2 ? action : delivery_fault::none;
     });
     REQUIRE(report.committed);
-    if (action == dcr::delivery_action::fail_receiver) {
+    if (action == delivery_fault::drop) {
       REQUIRE(report.attempts.size() == 2);
       CHECK_FALSE(report.attempts[0].succeeded);
       CHECK(report.attempts[1].policy == dcr::encoding_policy::overwrite_only);
     } else {
       REQUIRE(report.attempts.size() == 1);
     }
-    if (action == dcr::delivery_action::deliver_twice) CHECK(report.attempts[0].duplicates_dropped == 1);
-    if (action == dcr::delivery_action::corrupt) CHECK(report.attempts[0].corrupt_refetched == 1);
+    if (action == delivery_fault::duplicate) CHECK(report.attempts[0].duplicates_dropped == 1);
+    if (action == delivery_fault::corrupt) CHECK(report.attempts[0].corrupt_refetched == 1);
     CHECK(d.verify_against_dense_refit() == "");
     // The next transition builds on the committed baseline and stays exact.
     d.trainer().stress_step(0.03);
@@ -243,20 +246,25 @@ TEST_CASE("a coordinator whose commit record moved mid-transition loses the comp
   d.trainer().stress_step(0.01);
   bool moved = false;
   try {
-    // Another coordinator (a failover) commits while this one is delivering.
-    (void)d.refit({}, [&](std::uint32_t, std::size_t, std::size_t) {
+    // Another coordinator (a failover) commits version 1 while this one is delivering.
+    (void)d.refit({}, [&](std::uint32_t, std::size_t, std::uint64_t) {
       if (!moved) {
-        const auto record = d.commits().read();
-        REQUIRE(d.commits().compare_and_set(record, dcr::commit_record{1, 9, record->registry_fingerprint, 99}));
+        const dcr::protocol_keys keys;
+        auto record = d.plane().get(keys.commit());
+        auto other = dcr::decode_record<dcr::commit_record>(keys.commit(), record->value);
+        other.version = 1;
+        other.attempt = 9;
+        REQUIRE(dcr::put_if(d.plane(), keys.commit(), dcr::encode_record(other), record->revision));
         moved = true;
       }
-      return dcr::delivery_action::deliver;
+      return dcr::testing::delivery_fault::none;
     });
     FAIL("commit succeeded against a moved record");
   } catch (const dcr::error& e) {
     CHECK(e.dcr_code() == dcr::errc::commit_conflict);
   }
-  CHECK(d.commits().read()->attempt == 9);  // the other coordinator's record stands
+  const auto record = d.plane().get(dcr::protocol_keys{}.commit());
+  CHECK(dcr::decode_record<dcr::commit_record>("commit", record->value).attempt == 9);
 }
 
 TEST_CASE("payload bytes scale with changes, far below the checkpoint") {

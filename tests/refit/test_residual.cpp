@@ -1,5 +1,5 @@
 // Residual conversion end to end: fused QKV, stacked experts, tied weights, shared scale factors
-// and padding removal, each refit over several transitions through run_transition and compared
+// and padding removal, each refit over several transitions through the in-process agents and compared
 // byte for byte with a dense refit through the same engine loader; change flags rebuild only
 // the outputs whose inputs changed; the residual baseline moves only at the joint commit; owners
 // mix affine and residual tasks; receivers' overwrite-only tensors are honoured; bad task sets
@@ -16,11 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "dcr/commit/memory.hpp"
-#include "dcr/refit/coordinator.hpp"
+#include "dcr/protocol/in_process.hpp"
+#include "dcr/testing/faults.hpp"
 #include "dcr/refit/ownership.hpp"
 #include "dcr/refit/residual.hpp"
-#include "dcr/transport/memory.hpp"
 
 namespace {
 
@@ -210,7 +209,9 @@ class rig {
         endpoints.push_back(wrappers.back().get());
       }
     }
-    dcr::initialize_commit_record(commits, 0, registry.fingerprint());
+    driver = std::make_unique<dcr::in_process_refit>(
+        registry, std::span<dcr::owner_binding>(bindings),
+        std::span<dcr::receiver_endpoint* const>(endpoints), 0);
   }
 
   void reset_counts() { std::fill(rebuilt.begin(), rebuilt.end(), 0); }
@@ -222,14 +223,12 @@ class rig {
     return s;
   }
 
-  std::uint64_t version() const { return commits.read()->version; }
+  std::uint64_t version() const { return driver->version(); }
 
   dcr::transition_report refit(const dcr::refit_options& options = {},
-                               const dcr::fault_plan& faults = {}) {
+                               const dcr::testing::receiver_fault_plan& faults = {}) {
     reset_counts();
-    return dcr::run_transition(registry, std::span<dcr::owner_binding>(bindings),
-                               std::span<dcr::receiver_endpoint* const>(endpoints), transport,
-                               commits, version(), options, faults);
+    return driver->run(options, dcr::testing::decorate_with(faults));
   }
 
   /// The canonical checkpoint of the current source shards: affine shards scattered through
@@ -311,8 +310,7 @@ class rig {
   std::vector<std::unique_ptr<serving_rank>> ranks;
   std::vector<std::unique_ptr<overwrite_only_endpoint>> wrappers;
   std::vector<dcr::receiver_endpoint*> endpoints;
-  dcr::memory_transport transport;
-  dcr::memory_commit_store commits;
+  std::unique_ptr<dcr::in_process_refit> driver;
 
  private:
   void dense_load(dcr::receiver<split_loader>& rx, const std::vector<std::vector<std::byte>>& c) {
@@ -784,8 +782,8 @@ TEST_CASE("the residual baseline moves only at the joint commit; a failed attemp
         }
       }
       return attempt == 0 && r == (round % 2 == 0 ? 1u : 3u) && k == 1
-                 ? dcr::delivery_action::fail_receiver
-                 : dcr::delivery_action::deliver;
+                 ? dcr::testing::delivery_fault::drop
+                 : dcr::testing::delivery_fault::none;
     });
     REQUIRE(report.committed);
     REQUIRE(report.attempts.size() == 2);
@@ -812,7 +810,7 @@ TEST_CASE("the residual baseline moves only at the joint commit; a failed attemp
   once.max_attempts = 1;
   once.bucket_bytes = 64;
   const auto failed = g.refit(once, [](std::uint32_t, std::size_t r, std::size_t k) {
-    return r == 0 && k == 1 ? dcr::delivery_action::fail_receiver : dcr::delivery_action::deliver;
+    return r == 0 && k == 1 ? dcr::testing::delivery_fault::drop : dcr::testing::delivery_fault::none;
   });
   REQUIRE_FALSE(failed.committed);
   CHECK(g.verify(false) != "");  // receiver 0 stopped halfway
@@ -928,6 +926,7 @@ TEST_CASE("tensors a receiver takes only as overwrites are encoded as overwrites
     dcr::refit_options ro;
     ro.policy = dcr::encoding_policy::xor_only;
     const auto base = g.version();
+    ro.keep_payloads = true;  // inspected below
     const auto report = g.refit(ro);
     require_committed_once(report);
     CHECK(report.overwrite_only_tensors == std::vector<tensor_id>{g.registry.id("a.weight"),
@@ -940,11 +939,12 @@ TEST_CASE("tensors a receiver takes only as overwrites are encoded as overwrites
     std::vector<dcr::item> items;
     std::vector<std::byte> bytes;
     std::map<std::string, std::set<dcr::encoding>> seen;
-    for (const auto& id : g.transport.manifest({base, base + 1, 0})) {
-      g.transport.fetch(id, bytes);
+    for (const auto& listing : g.driver->store().list({base, base + 1, 0}))
+      for (const auto& id : listing.ids) {
+      REQUIRE(g.driver->store().get(id, bytes) == dcr::get_status::found);
       decoder.decode(bytes, g.registry, items);
       for (const auto& it : items) seen[g.registry.at(it.tensor).name].insert(it.enc);
-    }
+      }
     using enc_set = std::set<dcr::encoding>;
     REQUIRE(seen.size() == 5);
     CHECK(seen["a.weight"] == enc_set{dcr::encoding::overwrite});

@@ -291,13 +291,14 @@ int simulate_main(const std::vector<std::string>& argv) {
     step_result res;
     res.step = static_cast<std::uint64_t>(step);
     deployment.trainer().stress_step(rate);
-    dcr::fault_plan faults;
+    using dcr::testing::delivery_fault;
+    dcr::testing::receiver_fault_plan faults;
     if (step == fault_step && fault_text != "none") {
-      faults = [&](std::uint32_t attempt, std::size_t receiver, std::size_t ordinal) {
-        if (attempt != 0 || receiver != 0 || ordinal != 0) return dcr::delivery_action::deliver;
-        if (fault_text == "duplicate") return dcr::delivery_action::deliver_twice;
-        if (fault_text == "corrupt") return dcr::delivery_action::corrupt;
-        return dcr::delivery_action::fail_receiver;
+      faults = [&](std::uint32_t attempt, std::size_t receiver, std::uint64_t ordinal) {
+        if (attempt != 0 || receiver != 0 || ordinal != 0) return delivery_fault::none;
+        if (fault_text == "duplicate") return delivery_fault::duplicate;
+        if (fault_text == "corrupt") return delivery_fault::corrupt;
+        return delivery_fault::drop;
       };
     }
     res.report = deployment.refit(options, faults);

@@ -372,7 +372,9 @@ void outage_thread(const simulate_settings& s, std::atomic<bool>& stop, std::ato
       while (!stop.load()) {
         try {
           auto a = dcr::read_record<dcr::attempt_record>(plane, keys.attempt());
-          if (a && a->value.target_version == static_cast<std::uint64_t>(s.commit_outage)) break;
+          if (a && a->value.target_version == static_cast<std::uint64_t>(s.commit_outage) &&
+              a->value.state == dcr::attempt_state::open)
+            break;
         } catch (const dcr::error&) {
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -380,7 +382,6 @@ void outage_thread(const simulate_settings& s, std::atomic<bool>& stop, std::ato
       return 0;
     });
     if (stop.load()) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (uses_etcd(s)) {
       const char* pid = std::getenv("DCR_ETCD_PID");
       if (pid == nullptr) return;

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "dcr/refit/coordinator.hpp"
+#include "dcr/protocol/in_process.hpp"
 #include "dcr/sim/moe_engine.hpp"
 #include "dcr/sim/moe_model.hpp"
 #include "dcr/apply/apply.hpp"

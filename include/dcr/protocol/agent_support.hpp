@@ -113,14 +113,21 @@ class lease_keeper {
  private:
   void loop() {
     std::unique_lock lock(mutex_);
+    auto wait = period_;
     while (!stop_) {
-      wake_.wait_for(lock, period_, [&] { return stop_; });
+      wake_.wait_for(lock, wait, [&] { return stop_; });
       if (stop_) return;
       lock.unlock();
+      wait = period_;
       try {
-        if (!plane_->keep_alive(lease_)) alive_ = false;
+        if (!plane_->keep_alive(lease_)) {
+          alive_ = false;
+          return;
+        }
       } catch (const error&) {
-        // unreachable for now: the lease lives until its ttl; renewals resume after the outage
+        // Unreachable for now: the lease lives until its ttl; try again soon, so that renewals
+        // resume as soon as the outage ends.
+        wait = std::chrono::milliseconds(100);
       }
       lock.lock();
     }

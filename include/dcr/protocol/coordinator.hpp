@@ -46,6 +46,9 @@ struct coordinator_options {
   /// Before the first attempt, wait until this many receivers registered (a deployment
   /// starting up); later attempts go on with whoever is a member.
   std::size_t min_receivers = 0;
+  /// Erase the payloads of a transition once it committed (they are obsolete). False keeps them
+  /// for inspection until a later commit erases them.
+  bool erase_after_commit = true;
   /// Test hook, called with every required acknowledgement in, just before the commit
   /// transaction; the simulate tool kills the process here for `--kill coordinator:STEP`.
   std::function<void(const attempt_record&)> before_commit;
@@ -486,7 +489,7 @@ class coordinator {
   // earlier ones are obsolete.
   void cleanup(std::uint64_t version, protocol_clock::time_point deadline) {
     try {
-      store_->erase_through(version);
+      if (options_.erase_after_commit) store_->erase_through(version);
     } catch (const error&) {
       // a store hiccup leaves garbage for the next commit to erase, never a wrong result
     }

@@ -82,6 +82,7 @@ class file_control_plane {
       }
       auto r = read_record(key);
       if (r && r->lease != 0 && lease_expired(r->lease)) r.reset();
+      check_marker("get", key);  // "absent" read from a directory that vanished meanwhile
       return r;
     });
   }
@@ -105,6 +106,7 @@ class file_control_plane {
       }
       std::sort(out.begin(), out.end(),
                 [](const auto& a, const auto& b) { return a.key < b.key; });
+      check_marker("list", prefix);
       return out;
     });
   }
@@ -118,7 +120,10 @@ class file_control_plane {
       for (const auto& c : compares) {
         auto r = read_record(c.key);
         if (r && r->lease != 0 && lease_expired(r->lease)) r.reset();
-        if ((r ? r->revision : 0) != c.revision) return false;
+        if ((r ? r->revision : 0) != c.revision) {
+          check_marker("transact", c.key);  // a failed compare must not come from a vanished store
+          return false;
+        }
       }
       for (const auto& w : writes)
         DCR_EXPECTS(w.erase || w.lease == 0 || !lease_expired(w.lease), errc::invalid_argument,
@@ -132,7 +137,9 @@ class file_control_plane {
   std::int64_t revision() {
     return guarded("revision", "-", [&] {
       auto lock = take_lock(LOCK_SH, "revision", "-");
-      return read_revision();
+      const auto r = read_revision();
+      check_marker("revision");
+      return r;
     });
   }
 
@@ -143,7 +150,9 @@ class file_control_plane {
         auto lock = take_lock(LOCK_EX, "wait", prefix);
         replay_journal();
         collect_expired_leases();
-        return read_revision();
+        const auto r = read_revision();
+        check_marker("wait", prefix);
+        return r;
       });
       if (now_rev > after || protocol_clock::now() >= deadline) return now_rev;
       std::this_thread::sleep_for(std::min<protocol_clock::duration>(

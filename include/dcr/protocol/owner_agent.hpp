@@ -37,7 +37,7 @@ struct owner_agent_options {
   codec_options codec{};
   std::size_t queue_depth = 2;    ///< chunks between building and putting
   bool pipelined = true;          ///< false: build everything, then pack and put
-  std::chrono::seconds lease_ttl{5};
+  std::chrono::seconds lease_ttl{10};
   /// Test hook, called after each payload put (attempt, payloads put so far); the simulate
   /// tool kills the process here for `--kill owner:STEP`.
   std::function<void(const attempt_record&, std::uint64_t)> after_put;
@@ -100,12 +100,14 @@ class owner_agent {
   commit_record serve_transition(const std::string& candidate,
                                  std::span<const std::span<const std::byte>> candidates,
                                  std::span<const std::span<const std::byte>> residual_inputs,
-                                 protocol_clock::time_point deadline) {
+                                 protocol_clock::time_point deadline,
+                                 const std::atomic<bool>* stop = nullptr) {
     DCR_EXPECTS(lease_ != 0, errc::not_ready, "owner agent: serve_transition before start");
     const std::uint64_t v = tracker_version_;
     const auto& keys = options_.keys;
-    built_in_process_ = false;
     for (;;) {
+      DCR_EXPECTS(stop == nullptr || !stop->load(), errc::not_ready, "owner agent: stopped");
+      if (!keeper_->alive()) reregister(deadline);
       const std::int64_t seen = with_retry("owner agent: revision", deadline,
                                            [&] { return plane_->revision(); });
       const auto commit = with_retry("owner agent: read commit", deadline, [&] {
@@ -124,6 +126,7 @@ class owner_agent {
                               options_.codec);
         owner_->commit(candidates, residual_inputs);
         tracker_version_ = v + 1;
+        built_in_process_ = false;
         with_retry("owner agent: update registration", deadline, [&] {
           put(*plane_, keys.owner(owner_->id()),
               encode_record(owner_registration{owner_->id(), incarnation_, tracker_version_}),
@@ -160,10 +163,30 @@ class owner_agent {
   /// The stage timeline of the last attempt this agent built.
   [[nodiscard]] const std::vector<stage_span>& last_timeline() const noexcept { return timeline_; }
   [[nodiscard]] const owner_agent_options& options() const noexcept { return options_; }
+  /// Payload size and codec for the attempts built from now on.
+  void set_codec(std::size_t bucket_bytes, const codec_options& codec) {
+    options_.bucket_bytes = bucket_bytes;
+    options_.codec = codec;
+    encoder_ = payload_encoder(codec);
+  }
 
  private:
   using clock = protocol_clock;
   static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  // The lease expired (an outage longer than its ttl): the coordinator saw this owner leave, so
+  // it comes back as a new incarnation with a new lease (its trackers are intact).
+  void reregister(protocol_clock::time_point deadline) {
+    keeper_.reset();
+    incarnation_ = make_incarnation();
+    with_retry("owner agent: re-register", deadline, [&] {
+      lease_ = plane_->grant_lease(options_.lease_ttl);
+      put(*plane_, options_.keys.owner(owner_->id()),
+          encode_record(owner_registration{owner_->id(), incarnation_, tracker_version_}), lease_);
+      return 0;
+    });
+    keeper_ = std::make_unique<lease_keeper<Plane>>(*plane_, lease_, options_.lease_ttl);
+  }
 
   bool handled(const attempt_key& key) const {
     return std::find(handled_.begin(), handled_.end(), key) != handled_.end();
@@ -301,7 +324,21 @@ class owner_agent {
     report_.manifest_digest = digest;
     report_.change_digest = owner_->change_digest();
     report_.records = records;
-    report_.changed_elements = owner_->stats().changed_elements;
+    const owner_stats& st = owner_->stats();
+    report_.changed_elements = st.changed_elements;
+    report_.compared_bytes = st.compared_bytes;
+    report_.residual_compared_bytes = st.residual_compared_bytes;
+    report_.residual_changed_inputs = st.residual_changed_inputs;
+    report_.residual_conversions = st.residual_conversions;
+    report_.residual_changed_elements = st.residual_changed_elements;
+    report_.residual_items = st.residual_items;
+    report_.forced_overwrite_items = st.forced_overwrite_items;
+    report_.detect_seconds = st.detect_seconds;
+    report_.project_seconds = st.project_seconds;
+    report_.encode_seconds = st.encode_seconds;
+    report_.residual_detect_seconds = st.residual_detect_seconds;
+    report_.convert_seconds = st.convert_seconds;
+    report_.residual_compare_seconds = st.residual_compare_seconds;
     report_.build_seconds = build;
     report_.compress_seconds = compress;
     report_.put_seconds = put_time;

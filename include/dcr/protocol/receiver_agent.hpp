@@ -43,7 +43,7 @@ struct receiver_agent_options {
   protocol_keys keys{};
   bool asynchronous = false;      ///< stage payloads while serving, apply after the last one
   std::size_t queue_depth = 2;    ///< payloads between fetch and apply
-  std::chrono::seconds lease_ttl{5};
+  std::chrono::seconds lease_ttl{10};
   /// Test hook, called after each applied payload (attempt, payloads applied so far); the
   /// simulate tool kills the process here for `--kill receiver:STEP`.
   std::function<void(const attempt_record&, std::uint64_t)> after_apply;
@@ -84,12 +84,16 @@ class receiver_agent {
 
   /// Serves attempts until the commit record reaches `version` and this receiver holds it;
   /// returns the committed version. Throws deadline_exceeded at `deadline`.
-  std::uint64_t serve_until(std::uint64_t version, protocol_clock::time_point deadline) {
+  std::uint64_t serve_until(std::uint64_t version, protocol_clock::time_point deadline,
+                            const std::atomic<bool>* stop = nullptr) {
     DCR_EXPECTS(lease_ != 0, errc::not_ready, "receiver agent: serve before start");
     const auto& keys = options_.keys;
+    stop_ = stop;
     for (;;) {
-      if (!keeper_->alive()) {  // the lease expired (an outage longer than its ttl): re-register
-        keeper_.reset();
+      DCR_EXPECTS(stop == nullptr || !stop->load(), errc::not_ready, "receiver agent: stopped");
+      if (!keeper_->alive()) {  // the lease expired (an outage longer than its ttl): it comes
+        keeper_.reset();         // back as a new incarnation (restored if its storage is clean)
+        incarnation_ = make_incarnation();
         with_retry("receiver agent: re-register", deadline, [&] {
           lease_ = plane_->grant_lease(options_.lease_ttl);
           register_self();
@@ -237,6 +241,8 @@ class receiver_agent {
       pipeline_stage<delivery> stage(options_.queue_depth, [&](delivery& d) { apply_one(d); });
       std::vector<delivery> staged;  // asynchronous mode: compressed payloads in host memory
       for (;;) {
+        if (stop_ != nullptr && stop_->load())
+          throw error(errc::not_ready, "receiver agent: stopped");
         if (fenced.load()) break;
         delivery d;
         const auto f0 = clock::now();
@@ -329,6 +335,7 @@ class receiver_agent {
   receiver_ack ack_;
   std::uint64_t stale_total_ = 0;
   std::uint64_t restores_ = 0;
+  const std::atomic<bool>* stop_ = nullptr;
 };
 
 }  // namespace dcr

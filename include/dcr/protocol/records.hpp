@@ -111,6 +111,12 @@ struct owner_report {
   std::uint64_t change_digest = 0;  ///< digest of the changed set (identity of the candidates)
   std::uint64_t manifest_digest = 0;
   std::uint64_t payloads = 0, payload_bytes = 0, records = 0, changed_elements = 0;
+  std::uint64_t compared_bytes = 0;
+  std::uint64_t residual_compared_bytes = 0, residual_changed_inputs = 0;
+  std::uint64_t residual_conversions = 0, residual_changed_elements = 0, residual_items = 0;
+  std::uint64_t forced_overwrite_items = 0;
+  double detect_seconds = 0, project_seconds = 0, encode_seconds = 0;
+  double residual_detect_seconds = 0, convert_seconds = 0, residual_compare_seconds = 0;
   double build_seconds = 0;      ///< detect, project, convert, encode (calling thread)
   double compress_seconds = 0;   ///< pack + zstd (second thread)
   double put_seconds = 0;        ///< payload store puts
@@ -201,7 +207,13 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(owner_registration, owner, incar
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(owner_report, owner, incarnation, built, failure,
                                                 change_digest, manifest_digest, payloads,
                                                 payload_bytes, records, changed_elements,
-                                                build_seconds, compress_seconds, put_seconds,
+                                                compared_bytes, residual_compared_bytes,
+                                                residual_changed_inputs, residual_conversions,
+                                                residual_changed_elements, residual_items,
+                                                forced_overwrite_items, detect_seconds,
+                                                project_seconds, encode_seconds,
+                                                residual_detect_seconds, convert_seconds,
+                                                residual_compare_seconds, build_seconds, compress_seconds, put_seconds,
                                                 seconds, peak_rss_bytes)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(receiver_ack, name, incarnation, state, failure,
                                                 payloads, payload_bytes, duplicates, refetched,

@@ -20,7 +20,7 @@
 #include "dcr/apply/apply.hpp"
 #include "dcr/apply/dedupe.hpp"
 #include "dcr/codec/payload.hpp"
-#include "dcr/transport/concept.hpp"
+#include "dcr/codec/item.hpp"
 
 namespace dcr {
 

@@ -1,7 +1,8 @@
 // dcr/sim/deployment.hpp: a whole refit deployment in one process: the synthetic MoE trainer
 // (tp x dp ranks; affine shards owned by dcr::assign_owners, residual tasks by their name-hash
 // owner, dcr::assign_residual_owners), serving ranks running the synthetic engine's native loader
-// (compiled apply path by default), an in-memory transport and commit store. `dcr simulate`, the
+// (compiled apply path by default), and the protocol's agents composed in one process
+// (dcr::in_process_refit: memory control plane and payload store). `dcr simulate`, the
 // property tests and the benchmarks all drive refits through it, and it can check every receiver
 // against a dense refit of the same candidate weights through the same loader.
 //
@@ -9,7 +10,7 @@
 // two-part affine task) and the serving engine layout (padded vocab-parallel embeddings, tied
 // storage, cast norm copies, transposed router); trainer_layout::plain / engine_layout::plain
 // select the plain layouts. Receivers may use different engine layouts
-// (deployment_options::receiver_layouts); run_transition tells owners the union of the tensors
+// (deployment_options::receiver_layouts); the coordinator tells owners the union of the tensors
 // any receiver takes only as overwrites.
 #pragma once
 
@@ -21,11 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "dcr/commit/memory.hpp"
-#include "dcr/refit/coordinator.hpp"
+#include "dcr/protocol/in_process.hpp"
 #include "dcr/sim/moe_engine.hpp"
 #include "dcr/sim/moe_model.hpp"
-#include "dcr/transport/memory.hpp"
+#include "dcr/testing/faults.hpp"
 
 namespace dcr::sim {
 
@@ -107,15 +107,17 @@ class in_process_deployment {
       dense_load_all(receivers_.back()->rx);
       endpoints_.push_back(&receivers_.back()->rx);
     }
-    initialize_commit_record(commits_, 0, registry_.fingerprint());
+    driver_ = std::make_unique<in_process_refit>(registry_, std::span<owner_binding>(bindings_),
+                                                 std::span<receiver_endpoint* const>(endpoints_), 0);
     started_ = true;
   }
 
   [[nodiscard]] const deployment_options& options() const noexcept { return options_; }
   [[nodiscard]] const tensor_registry& registry() const noexcept { return registry_; }
   [[nodiscard]] synthetic_trainer& trainer() noexcept { return trainer_; }
-  [[nodiscard]] memory_transport& transport() noexcept { return transport_; }
-  [[nodiscard]] memory_commit_store& commits() noexcept { return commits_; }
+  /// The payload store and control plane of the in-process agents (after start()).
+  [[nodiscard]] memory_payload_store& store() { return driver_->store(); }
+  [[nodiscard]] memory_control_plane& plane() { return driver_->plane(); }
   [[nodiscard]] std::size_t owner_count() const noexcept { return owners_.size(); }
   [[nodiscard]] const owner& owner_at(std::size_t k) const { return *owners_.at(k); }
   [[nodiscard]] std::size_t receiver_count() const noexcept { return receivers_.size(); }
@@ -126,7 +128,7 @@ class in_process_deployment {
     return options_.receiver_layouts.empty() ? options_.engine : options_.receiver_layouts.at(r);
   }
   /// The committed version (the commit record's).
-  [[nodiscard]] std::uint64_t version() const { return commits_.read()->version; }
+  [[nodiscard]] std::uint64_t version() const { return driver_->version(); }
   /// Checkpoint bytes covered by the trainer's affine vs residual tasks.
   [[nodiscard]] const task_coverage& coverage() const noexcept { return trainer_.coverage(); }
 
@@ -152,16 +154,13 @@ class in_process_deployment {
     }
   }
 
-  /// Refits the trainer's current weights: runs the transition version() -> version() + 1.
-  transition_report refit(const refit_options& options = {}, const fault_plan& faults = {}) {
+  /// Refits the trainer's current weights: runs the transition version() -> version() + 1
+  /// through the agents; `faults` (tests) decorates the receivers' payload sources. Payloads of
+  /// a committed transition are erased; a failed one keeps them for inspection.
+  transition_report refit(const refit_options& options = {},
+                          const testing::receiver_fault_plan& faults = {}) {
     DCR_EXPECTS(started_, errc::not_ready, "deployment: refit() before start()");
-    const std::uint64_t base = version();
-    auto report = run_transition(registry_, std::span<owner_binding>(bindings_),
-                                 std::span<receiver_endpoint* const>(endpoints_), transport_,
-                                 commits_, base, options, faults);
-    // Payloads of a committed transition are garbage; a failed one keeps them for inspection.
-    if (report.committed) transport_.erase_before(base + 1);
-    return report;
+    return driver_->run(options, testing::decorate_with(faults));
   }
 
   /// Dense refit of the trainer's current weights (affine shards scattered, residual outputs
@@ -228,8 +227,7 @@ class in_process_deployment {
   std::vector<owner_binding> bindings_;
   std::vector<std::unique_ptr<rank_state>> receivers_;
   std::vector<receiver_endpoint*> endpoints_;
-  memory_transport transport_;
-  memory_commit_store commits_;
+  std::unique_ptr<in_process_refit> driver_;
   bool started_ = false;
 };
 

@@ -17,6 +17,7 @@
 
 #include "dcr/error.hpp"
 #include "dcr/protocol/control_plane.hpp"
+#include "dcr/protocol/in_process.hpp"
 #include "dcr/protocol/payload_source.hpp"
 
 namespace dcr::testing {
@@ -115,6 +116,39 @@ class faulty_source {
   delivery last_, stale_;
   std::optional<delivery> held_, replay_;
 };
+
+/// Chooses the fault of delivery `ordinal` of refit attempt `attempt` to receiver `receiver`
+/// (the in-process driver's receivers, by index).
+using receiver_fault_plan =
+    std::function<delivery_fault(std::uint32_t attempt, std::size_t receiver, std::uint64_t ordinal)>;
+
+/// A source_decorator for dcr::in_process_refit that applies `plan` (none when empty).
+inline source_decorator decorate_with(receiver_fault_plan plan) {
+  if (!plan) return {};
+  return [plan](std::size_t receiver, payload_source_base& inner) -> std::unique_ptr<payload_source_base> {
+    struct forward {
+      using payload_source_concept = payload_source_tag;
+      payload_source_base* inner;
+      void open(const attempt_key& k, std::span<const std::uint32_t> o) { inner->open(k, o); }
+      source_status next(delivery& d, protocol_clock::time_point t) { return inner->next(d, t); }
+      bool refetch(const payload_id& id, std::vector<std::byte>& b) { return inner->refetch(id, b); }
+    };
+    struct wrapped {
+      using payload_source_concept = payload_source_tag;
+      forward fwd;
+      faulty_source<forward> faulty;
+      wrapped(payload_source_base& in, fault_choice c) : fwd{&in}, faulty(fwd, std::move(c)) {}
+      void open(const attempt_key& k, std::span<const std::uint32_t> o) { faulty.open(k, o); }
+      source_status next(delivery& d, protocol_clock::time_point t) { return faulty.next(d, t); }
+      bool refetch(const payload_id& id, std::vector<std::byte>& b) { return faulty.refetch(id, b); }
+    };
+    auto choice = [plan, receiver](const attempt_key& key, std::uint64_t ordinal) {
+      return key.base_version == key.target_version ? delivery_fault::none
+                                                    : plan(key.attempt, receiver, ordinal);
+    };
+    return std::make_unique<erased_source<wrapped>>(inner, choice);
+  };
+}
 
 /// A switch shared by outage_plane decorators: while on, their operations fail.
 class control_plane_outage {
