@@ -81,37 +81,25 @@ W* append_words(std::vector<std::byte>& v, std::size_t k) {
   return reinterpret_cast<W*>(v.data() + at);
 }
 
-template <storage_word W, class OldWords, class NewWords>
-std::size_t detect_and_gather_into(std::span<const W> tracker, std::span<const W> candidate,
-                                   std::vector<std::uint64_t>& changed, OldWords& old_words,
-                                   NewWords& new_words, std::uint64_t first_index) {
-  DCR_EXPECTS(tracker.size() == candidate.size(), errc::shape_mismatch,
-              "detect_and_gather: tracker and candidate differ in length");
+/// The one-pass detect + gather loop: for each chunk of the two arrays with changed words, calls
+/// emit(k, base, offsets, old_stage, new_stage): the chunk's k changed words sit at local
+/// indices base + offsets[q] (q < k, increasing), their words in the two stages. Allocates
+/// nothing (the stages live on the stack, about 50 KiB).
+template <storage_word W, class Emit>
+void for_each_changed_chunk(const W* a, const W* b, std::size_t n, Emit&& emit) {
   constexpr std::size_t per_block = 64 / sizeof(W);
   // Words per loop call: the staging buffers below stay within about 50 KiB of stack.
   constexpr std::size_t chunk = sizeof(W) <= 2 ? detect_chunk_words : 16384 / sizeof(W);
   static_assert(chunk % per_block == 0 && chunk <= detect_chunk_words);
-  const std::size_t n = tracker.size();
-  const std::size_t before = changed.size();
-  const W* a = tracker.data();
-  const W* b = candidate.data();
   const auto loop = best_gather_loop<W>();
   std::uint16_t offsets[chunk + detect_out_slack];
   W old_stage[chunk + gather_out_slack];
   W new_stage[chunk + gather_out_slack];
-  const auto append = [&](std::size_t k, std::uint64_t base) {
-    const std::size_t at = changed.size();
-    changed.resize(at + k);
-    std::uint64_t* out = changed.data() + at;
-    for (std::size_t q = 0; q < k; ++q) out[q] = base + offsets[q];
-    std::memcpy(append_words<W>(old_words, k), old_stage, k * sizeof(W));
-    std::memcpy(append_words<W>(new_words, k), new_stage, k * sizeof(W));
-  };
   const std::size_t whole = n / per_block * per_block;
   for (std::size_t j = 0; j < whole; j += chunk) {
     const std::size_t len = std::min(chunk, whole - j);
     const std::size_t k = loop(a + j, b + j, len, offsets, old_stage, new_stage);
-    if (k != 0) append(k, first_index + j);
+    if (k != 0) emit(k, std::uint64_t{j}, offsets, old_stage, new_stage);
   }
   if (whole < n) {
     std::size_t t = 0;
@@ -122,9 +110,50 @@ std::size_t detect_and_gather_into(std::span<const W> tracker, std::span<const W
         new_stage[t] = b[j];
         ++t;
       }
-    if (t != 0) append(t, first_index + whole);
+    if (t != 0) emit(t, std::uint64_t{whole}, offsets, old_stage, new_stage);
   }
+}
+
+template <storage_word W, class OldWords, class NewWords>
+std::size_t detect_and_gather_into(std::span<const W> tracker, std::span<const W> candidate,
+                                   std::vector<std::uint64_t>& changed, OldWords& old_words,
+                                   NewWords& new_words, std::uint64_t first_index) {
+  DCR_EXPECTS(tracker.size() == candidate.size(), errc::shape_mismatch,
+              "detect_and_gather: tracker and candidate differ in length");
+  const std::size_t before = changed.size();
+  for_each_changed_chunk<W>(
+      tracker.data(), candidate.data(), tracker.size(),
+      [&](std::size_t k, std::uint64_t base, const std::uint16_t* offsets, const W* old_stage,
+          const W* new_stage) {
+        const std::size_t at = changed.size();
+        changed.resize(at + k);
+        std::uint64_t* out = changed.data() + at;
+        base += first_index;
+        for (std::size_t q = 0; q < k; ++q) out[q] = base + offsets[q];
+        std::memcpy(append_words<W>(old_words, k), old_stage, k * sizeof(W));
+        std::memcpy(append_words<W>(new_words, k), new_stage, k * sizeof(W));
+      });
   return changed.size() - before;
+}
+
+/// detect_and_gather into caller arrays of capacity n (no allocation): index[k], old_words[k],
+/// new_words[k] for the k-th changed word (either word array may be null). Returns the count.
+template <storage_word W>
+std::size_t detect_and_gather_to(const W* tracker, const W* candidate, std::size_t n,
+                                 std::uint64_t* index, W* old_words, W* new_words,
+                                 std::uint64_t first_index) noexcept {
+  std::size_t count = 0;
+  for_each_changed_chunk<W>(
+      tracker, candidate, n,
+      [&](std::size_t k, std::uint64_t base, const std::uint16_t* offsets, const W* old_stage,
+          const W* new_stage) {
+        base += first_index;
+        for (std::size_t q = 0; q < k; ++q) index[count + q] = base + offsets[q];
+        if (old_words != nullptr) std::memcpy(old_words + count, old_stage, k * sizeof(W));
+        if (new_words != nullptr) std::memcpy(new_words + count, new_stage, k * sizeof(W));
+        count += k;
+      });
+  return count;
 }
 
 }  // namespace detail
