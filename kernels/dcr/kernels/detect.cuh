@@ -28,6 +28,7 @@
 #include "dcr/detect/detect.hpp"
 #include "dcr/dtype.hpp"
 #include "dcr/error.hpp"
+#include "dcr/exec/functors.hpp"
 #include "dcr/kernels/cuda_check.cuh"
 #include "dcr/mapping/concept.hpp"
 
@@ -35,15 +36,10 @@ namespace dcr::kernels {
 
 namespace detail {
 
-/// Selection predicate over local indices: true where the stored words differ.
+/// Selection predicate over local indices: true where the stored words differ (the exec
+/// functor every backend uses).
 template <storage_word W>
-struct word_changed {
-  const W* tracker;
-  const W* candidate;
-  __device__ bool operator()(std::uint64_t i) const noexcept {
-    return ::dcr::bits_differ{}(tracker[i], candidate[i]);
-  }
-};
+using word_changed = ::dcr::exec::fn::word_changed<W>;
 
 using local_index_iterator = thrust::counting_iterator<std::uint64_t>;
 
