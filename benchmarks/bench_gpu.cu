@@ -131,52 +131,49 @@ gpu_data& data() {
   return d;
 }
 
-void d2d_copy(benchmark::State& state) {
+/// The baselines: a device-to-device copy of the tracker (bytes = read + written, 2 x shard) and
+/// a host-to-device copy of the pinned tracker (bytes = tracker over PCIe).
+void copy(benchmark::State& state, bool from_host) {
   auto& d = data();
   time_loop(state, d.stream, [&] {
-    DCR_CUDA_TRY(cudaMemcpyAsync(d.scratch, d.tracker, d.n * sizeof(word),
-                                 cudaMemcpyDeviceToDevice, d.stream));
+    DCR_CUDA_TRY(cudaMemcpyAsync(d.scratch, from_host ? d.pinned_tracker : d.tracker,
+                                 d.n * sizeof(word),
+                                 from_host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
+                                 d.stream));
   });
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * d.n * sizeof(word)));
-  state.SetLabel("bytes = read + written (2 x shard)");
+  const std::size_t bytes = (from_host ? 1 : 2) * d.n * sizeof(word);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+  state.SetLabel(from_host ? "bytes = pinned tracker over PCIe" : "bytes = read + written (2 x shard)");
 }
 
-void detect_device(benchmark::State& state) {
+void d2d_copy(benchmark::State& state) { copy(state, false); }
+void h2d_copy(benchmark::State& state) { copy(state, true); }
+
+/// detect + compact at rate index state.range(0): the tracker in device memory (bytes = tracker
+/// + candidate read, against d2d_copy) or in pinned host memory streamed in chunks (bytes =
+/// tracker over PCIe, against h2d_copy).
+void detect(benchmark::State& state, bool pinned) {
   auto& d = data();
   const auto r = static_cast<std::size_t>(state.range(0));
   const ex::changed_words<word> out{d.index, d.old_words, d.new_words};
   time_loop(state, d.stream, [&] {
-    ex::detect_compact_async(d.policy, d.tracker, d.candidate[r], d.n, out,
-                             ex::workspace{d.ws, d.ws_bytes});
+    if (pinned)
+      d.pipe->detect_compact_async(d.policy, d.pinned_tracker, d.candidate[r], d.n, out,
+                                   ex::workspace{d.pipe_ws, d.pipe_ws_bytes});
+    else
+      ex::detect_compact_async(d.policy, d.tracker, d.candidate[r], d.n, out,
+                               ex::workspace{d.ws, d.ws_bytes});
   });
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * d.n * sizeof(word)));
+  const std::size_t bytes = (pinned ? 1 : 2) * d.n * sizeof(word);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
   state.counters["changed"] = static_cast<double>(d.changed[r]);
   state.counters["rate_pct"] = gpu_data::permille_x10[r] / 10.0;
-  state.SetLabel("bytes = tracker + candidate read (2 x shard)");
+  state.SetLabel(pinned ? "bytes = pinned tracker over PCIe"
+                        : "bytes = tracker + candidate read (2 x shard)");
 }
 
-void h2d_copy(benchmark::State& state) {
-  auto& d = data();
-  time_loop(state, d.stream, [&] {
-    DCR_CUDA_TRY(cudaMemcpyAsync(d.scratch, d.pinned_tracker, d.n * sizeof(word),
-                                 cudaMemcpyHostToDevice, d.stream));
-  });
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * d.n * sizeof(word)));
-  state.SetLabel("bytes = pinned tracker over PCIe");
-}
-
-void detect_pinned(benchmark::State& state) {
-  auto& d = data();
-  const auto r = static_cast<std::size_t>(state.range(0));
-  const ex::changed_words<word> out{d.index, d.old_words, d.new_words};
-  time_loop(state, d.stream, [&] {
-    d.pipe->detect_compact_async(d.policy, d.pinned_tracker, d.candidate[r], d.n, out,
-                                 ex::workspace{d.pipe_ws, d.pipe_ws_bytes});
-  });
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * d.n * sizeof(word)));
-  state.counters["rate_pct"] = gpu_data::permille_x10[r] / 10.0;
-  state.SetLabel("bytes = pinned tracker over PCIe");
-}
+void detect_device(benchmark::State& state) { detect(state, false); }
+void detect_pinned(benchmark::State& state) { detect(state, true); }
 
 __global__ void scatter_kernel(word* __restrict__ out, const std::uint64_t* __restrict__ index,
                                const word* __restrict__ values, std::size_t m) {
@@ -205,16 +202,9 @@ apply_data& apply_set() {
     dcr::placement host[2];
     host[0] = dcr::placement::contiguous(reinterpret_cast<std::byte*>(d.scratch),
                                          static_cast<std::int64_t>(d.n), sizeof(word));
-    host[1].inv.dims = 2;
-    host[1].inv.src_stride = {cols, 1};
-    host[1].inv.extent = {rows, cols};
-    host[1].inv.dst_step = {1, rows};
-    host[1].inv.span = rows * cols - 1;
-    host[1].inv.update_identity();
-    host[1].last = host[1].inv.span;
-    host[1].dst = reinterpret_cast<std::byte*>(d.scratch);
-    host[1].dst_bytes = sizeof(word);
-    host[1].finalize();
+    const std::int64_t stride[] = {cols, 1}, extent[] = {rows, cols}, step[] = {1, rows};
+    host[1] = dcr::placement::of(dcr::view_inverse::strided(stride, extent, step), 0,
+                                 reinterpret_cast<std::byte*>(d.scratch), sizeof(word));
     DCR_CUDA_TRY(cudaMalloc(&a.records, sizeof host));
     DCR_CUDA_TRY(cudaMemcpy(a.records, host, sizeof host, cudaMemcpyHostToDevice));
     DCR_CUDA_TRY(cudaMalloc(&a.counter, ex::apply_workspace_bytes(d.policy)));

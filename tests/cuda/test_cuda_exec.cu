@@ -19,19 +19,15 @@
 #include "dcr/kernels/cuda_check.cuh"
 #include "dcr/kernels/exec.cuh"
 #include "dcr/mapping.hpp"
+#include "../random_shard.hpp"
+#include "cuda_test.hpp"
 
 namespace {
 
 namespace ex = dcr::exec;
 
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
+using dcr_test::check;
+using dcr_test::make_shard;
 
 template <class T>
 std::vector<T> to_host(const T* d, std::size_t n) {
@@ -49,52 +45,7 @@ T* to_device(const ex::cuda_policy& policy, ex::device_buffer<T>& buf, const std
   return buf.data();
 }
 
-/// Random tracker; candidate changes about `rate` of the words, plus +0 -> -0, a NaN payload
-/// change and an unchanged NaN.
-template <class W>
-void make_shard(std::mt19937_64& rng, std::size_t n, double rate, std::vector<W>& tracker,
-                std::vector<W>& candidate) {
-  tracker.resize(n);
-  for (auto& w : tracker) w = static_cast<W>(rng());
-  candidate = tracker;
-  std::bernoulli_distribution change(rate);
-  for (std::size_t i = 0; i < n; ++i)
-    if (change(rng)) candidate[i] = static_cast<W>(tracker[i] ^ static_cast<W>(1 + rng() % 0xff));
-  constexpr W sign = static_cast<W>(W{1} << (8 * sizeof(W) - 1));
-  const W nan_a = static_cast<W>(~W{0} >> 1);
-  if (n >= 3) {
-    tracker[0] = 0;
-    candidate[0] = sign;
-    tracker[n / 2] = nan_a;
-    candidate[n / 2] = static_cast<W>(nan_a ^ W{1});
-    tracker[n - 1] = nan_a;
-    candidate[n - 1] = nan_a;
-  }
-}
-
-template <class W>
-struct compacted {
-  std::vector<std::uint64_t> index;
-  std::vector<W> old_words, new_words;
-  bool operator==(const compacted&) const = default;
-};
-
-template <class W>
-compacted<W> cpu_detect(const std::vector<W>& tracker, const std::vector<W>& candidate,
-                        std::uint64_t first) {
-  const std::size_t n = tracker.size();
-  compacted<W> c;
-  c.index.resize(n);
-  c.old_words.resize(n);
-  c.new_words.resize(n);
-  const std::size_t m = ex::detect_compact(
-      ex::cpu, tracker.data(), candidate.data(), n,
-      ex::changed_words<W>{c.index.data(), c.old_words.data(), c.new_words.data()}, {}, first);
-  c.index.resize(m);
-  c.old_words.resize(m);
-  c.new_words.resize(m);
-  return c;
-}
+using dcr_test::compacted;
 
 template <class W>
 void detect_case(const ex::cuda_policy& policy, std::mt19937_64& rng, std::size_t n, double rate) {
@@ -103,7 +54,7 @@ void detect_case(const ex::cuda_policy& policy, std::mt19937_64& rng, std::size_
   std::vector<W> tracker, candidate;
   make_shard(rng, n, rate, tracker, candidate);
   const std::uint64_t first = rng() % 100000;
-  const auto expected = cpu_detect(tracker, candidate, first);
+  const auto expected = dcr_test::run_detect(ex::cpu, tracker, candidate, first);
   const std::size_t m = expected.index.size();
 
   ex::device_buffer<W> d_tracker(policy, n), d_candidate(policy, n), d_old(policy, n),
@@ -131,8 +82,9 @@ void detect_case(const ex::cuda_policy& policy, std::mt19937_64& rng, std::size_
     ex::pinned_tracker_pipeline pipe(chunk);
     ex::device_buffer<unsigned char> pws(policy, pipe.workspace_bytes<W>(policy, n));
     DCR_CUDA_TRY(cudaMemsetAsync(d_index.data(), 0xff, n * sizeof(std::uint64_t), policy.stream));
-    const std::size_t pc = pipe.detect_compact(policy, pinned, d_candidate.data(), n, out,
-                                               pws.as_workspace(), first);
+    const std::size_t pc = ex::wait_count(
+        policy, pipe.detect_compact_async(policy, pinned, d_candidate.data(), n, out,
+                                          pws.as_workspace(), first));
     compacted<W> pg{to_host(d_index.data(), pc), to_host(d_old.data(), pc),
                     to_host(d_new.data(), pc)};
     check(pg == expected, label + ": pinned tracker (chunk " + std::to_string(chunk) +
@@ -200,35 +152,16 @@ void project_case(const ex::cuda_policy& policy, std::mt19937_64& rng, const cha
 /// A record of an [rows, cols] canonical tensor stored transposed ([cols, rows]) from `dst`.
 dcr::placement transposed_record(std::byte* dst, std::int64_t rows, std::int64_t cols,
                                  std::uint8_t bytes) {
-  dcr::placement p;
-  p.inv.dims = 2;
-  p.inv.src_stride = {cols, 1};
-  p.inv.extent = {rows, cols};
-  p.inv.dst_step = {1, rows};
-  p.inv.span = rows * cols - 1;
-  p.inv.update_identity();
-  p.last = p.inv.span;
-  p.dst = dst;
-  p.dst_bytes = bytes;
-  p.finalize();
-  return p;
+  const std::int64_t stride[] = {cols, 1}, extent[] = {rows, cols}, step[] = {1, rows};
+  return dcr::placement::of(dcr::view_inverse::strided(stride, extent, step), 0, dst, bytes);
 }
 
 /// Every second column of an [rows, cols] tensor (a strided record with gaps), contiguous dst.
 dcr::placement strided_record(std::byte* dst, std::int64_t rows, std::int64_t cols,
                               std::uint8_t bytes) {
-  dcr::placement p;
-  p.inv.dims = 2;
-  p.inv.src_stride = {cols, 2};
-  p.inv.extent = {rows, (cols + 1) / 2};
-  p.inv.dst_step = {(cols + 1) / 2, 1};
-  p.inv.span = (rows - 1) * cols + 2 * ((cols + 1) / 2 - 1);
-  p.inv.update_identity();
-  p.last = p.inv.span;
-  p.dst = dst;
-  p.dst_bytes = bytes;
-  p.finalize();
-  return p;
+  const std::int64_t half = (cols + 1) / 2;
+  const std::int64_t stride[] = {cols, 2}, extent[] = {rows, half}, step[] = {half, 1};
+  return dcr::placement::of(dcr::view_inverse::strided(stride, extent, step), 0, dst, bytes);
 }
 
 /// The same records over host storage and over device storage, one item applied through each.
@@ -276,14 +209,7 @@ void apply_case(const ex::cuda_policy& policy, std::mt19937_64& rng, const char*
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t status = cudaGetDeviceCount(&devices);
-  if (status != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipping (%s)\n",
-                status != cudaSuccess ? cudaGetErrorString(status) : "device count is 0");
-    return 77;
-  }
-  try {
+  return dcr_test::run_cuda_test("cuda exec: every algorithm matches the CPU policy", [] {
     cudaStream_t stream = nullptr;
     DCR_CUDA_TRY(cudaStreamCreate(&stream));
     const ex::cuda_policy policy = ex::cuda_policy{}.on(stream);
@@ -332,14 +258,5 @@ int main() {
           element_transform::cast(dcr::dtype::f16, dcr::dtype::f32), contiguous, rate);
     }
     DCR_CUDA_TRY(cudaStreamDestroy(stream));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAIL: exception: %s\n", e.what());
-    return 1;
-  }
-  if (failures != 0) {
-    std::fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  std::printf("cuda exec: every algorithm matches the CPU policy\n");
-  return 0;
+  });
 }

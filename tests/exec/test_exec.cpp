@@ -25,6 +25,7 @@
 #include "dcr/exec/algorithms.hpp"
 #include "dcr/exec/thrust.hpp"
 #include "dcr/mapping.hpp"
+#include "../random_shard.hpp"
 #include "test_engine.hpp"
 #include "test_models.hpp"
 
@@ -42,54 +43,10 @@ const auto thrust_backend = ex::on_thrust(thrust::device);
 const ex::cpu_policy cpu_one = ex::cpu;
 const ex::cpu_policy cpu_three = ex::cpu.on(3);
 
-/// Tracker of random words; candidate changes about `rate` of them, plus the cases float
-/// equality gets wrong: +0 -> -0, one NaN payload -> another, an unchanged NaN.
-template <class W>
-void make_shard(std::mt19937_64& rng, std::size_t n, double rate, std::vector<W>& tracker,
-                std::vector<W>& candidate) {
-  tracker.resize(n);
-  for (auto& w : tracker) w = static_cast<W>(rng());
-  candidate = tracker;
-  std::bernoulli_distribution change(rate);
-  for (std::size_t i = 0; i < n; ++i)
-    if (change(rng)) candidate[i] = static_cast<W>(tracker[i] ^ static_cast<W>(1 + rng() % 0xff));
-  constexpr W sign = static_cast<W>(W{1} << (8 * sizeof(W) - 1));
-  const W nan_a = static_cast<W>(~W{0} >> 1);          // all exponent and payload bits
-  const W nan_b = static_cast<W>(nan_a ^ W{1});        // another payload
-  if (n >= 3) {
-    tracker[0] = 0;
-    candidate[0] = sign;  // +0 -> -0: equal as floats, a change in bits
-    tracker[n / 2] = nan_a;
-    candidate[n / 2] = nan_b;
-    tracker[n - 1] = nan_a;
-    candidate[n - 1] = nan_a;  // same NaN: no change, though NaN != NaN as floats
-  }
-}
+using dcr_test::make_shard;
 
-template <class W>
-struct compacted {
-  std::vector<std::uint64_t> index;
-  std::vector<W> old_words, new_words;
-  bool operator==(const compacted&) const = default;
-};
-
-template <class P, class W>
-compacted<W> run_detect(const P& policy, const std::vector<W>& tracker,
-                        const std::vector<W>& candidate, std::uint64_t first) {
-  const std::size_t n = tracker.size();
-  compacted<W> c;
-  c.index.assign(n, ~std::uint64_t{0});
-  c.old_words.assign(n, 0);
-  c.new_words.assign(n, 0);
-  REQUIRE(ex::detect_compact_workspace_bytes<W>(policy, n) == 0);
-  const std::size_t count = ex::detect_compact(
-      policy, tracker.data(), candidate.data(), n,
-      ex::changed_words<W>{c.index.data(), c.old_words.data(), c.new_words.data()}, {}, first);
-  c.index.resize(count);
-  c.old_words.resize(count);
-  c.new_words.resize(count);
-  return c;
-}
+using dcr_test::compacted;
+using dcr_test::run_detect;
 
 template <class W>
 void check_detect(std::mt19937_64& rng) {
@@ -111,6 +68,8 @@ void check_detect(std::mt19937_64& rng) {
       compacted<W> lib;
       dcr::detect_and_gather<W>(tracker, candidate, lib.index, lib.old_words, lib.new_words, first);
       CHECK(lib == ref);
+      CHECK(ex::detect_compact_workspace_bytes<W>(cpu_three, n) == 0);
+      CHECK(ex::detect_compact_workspace_bytes<W>(thrust_backend, n) == 0);
       CHECK(run_detect(cpu_one, tracker, candidate, first) == ref);
       CHECK(run_detect(cpu_three, tracker, candidate, first) == ref);
       CHECK(run_detect(thrust_backend, tracker, candidate, first) == ref);

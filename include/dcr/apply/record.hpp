@@ -86,6 +86,25 @@ struct view_inverse {
     return inv;
   }
 
+  /// The inverse of a copy whose element with quotients (q_0 .. q_{d-1}) sits at relative src
+  /// offset sum q_i * src_stride[i] and dst offset sum q_i * dst_step[i] (q_i < extent[i]);
+  /// src strides positive, descending, non-overlapping; d <= max_rank. Extents of 1 are dropped.
+  static view_inverse strided(std::span<const std::int64_t> src_stride,
+                              std::span<const std::int64_t> extent,
+                              std::span<const std::int64_t> dst_step) noexcept {
+    view_inverse inv;
+    for (std::size_t i = 0; i < src_stride.size() && inv.dims < max_rank; ++i) {
+      if (extent[i] == 1) continue;
+      const auto d = static_cast<std::size_t>(inv.dims++);
+      inv.src_stride[d] = src_stride[i];
+      inv.extent[d] = extent[i];
+      inv.dst_step[d] = dst_step[i];
+      inv.span += (extent[i] - 1) * src_stride[i];
+    }
+    inv.update_identity();
+    return inv;
+  }
+
   /// Recomputes `identity`: gapless (span + 1 == size) and dst steps equal src strides.
   constexpr void update_identity() noexcept {
     std::int64_t size = 1;
@@ -202,24 +221,32 @@ struct placement {
   std::uint32_t copies = 1;        ///< loader copies merged into this record
   std::array<invariant_divisor, max_rank> divisors{};  ///< by inv.src_stride[i] (finalize())
 
+  /// The record of the elements `inv` describes, the lowest at canonical index `first`, stored
+  /// from `dst` in words of `dst_bytes` through `transform`; with `finalized` (the default) the
+  /// divisors are set, ready to apply (the prewarm probe finalizes after merging records).
+  static placement of(const view_inverse& inv, std::int64_t first, std::byte* dst,
+                      std::size_t dst_bytes, element_transform transform = {},
+                      tensor_id tensor = 0, bool finalized = true) noexcept {
+    placement p;
+    p.inv = inv;
+    p.first = first;
+    p.last = first + inv.span;
+    p.dst = dst;
+    p.transform = transform;
+    p.dst_bytes = static_cast<std::uint8_t>(dst_bytes);
+    p.tensor = tensor;
+    if (finalized) p.finalize();
+    return p;
+  }
+
   /// A record covering canonical elements [0, numel) stored contiguously from `dst` in words of
   /// `dst_bytes` (identity transform): a whole tensor of a checkpoint, or a flat array.
-  static placement contiguous(std::byte* dst, std::int64_t numel, std::uint8_t dst_bytes,
+  static placement contiguous(std::byte* dst, std::int64_t numel, std::size_t dst_bytes,
                               tensor_id tensor = 0) noexcept {
-    placement p;
-    p.inv.dims = numel > 1 ? 1 : 0;
-    p.inv.src_stride[0] = 1;
-    p.inv.extent[0] = numel > 1 ? numel : 1;
-    p.inv.dst_step[0] = 1;
-    p.inv.span = numel > 0 ? numel - 1 : 0;
-    p.inv.update_identity();
-    p.first = 0;
-    p.last = p.inv.span;
-    p.dst = dst;
-    p.dst_bytes = dst_bytes;
-    p.tensor = tensor;
-    p.finalize();
-    return p;
+    const std::int64_t one = 1;
+    const std::int64_t extent = numel > 0 ? numel : 1;
+    return of(view_inverse::strided(std::span(&one, 1), std::span(&extent, 1), std::span(&one, 1)),
+              0, dst, dst_bytes, {}, tensor);
   }
 
   /// Sets the divisors from the inverse's strides; call after any change of `inv`.
@@ -346,16 +373,7 @@ DCR_HOST_DEVICE bool apply_record_any(const placement& p, std::uint64_t canonica
       return false;
     }
   };
-  switch (p.transform.kind) {
-    case cast_kind::identity: return through(identity_cast{});
-    case cast_kind::bf16_to_f32: return through(bf16_to_f32_cast{});
-    case cast_kind::f16_to_f32: return through(f16_to_f32_cast{});
-    case cast_kind::f32_to_bf16: return through(f32_to_bf16_cast{});
-    case cast_kind::f32_to_f16: return through(f32_to_f16_cast{});
-    case cast_kind::bf16_to_f16: return through(bf16_to_f16_cast{});
-    case cast_kind::f16_to_bf16: return through(f16_to_bf16_cast{});
-  }
-  return false;
+  return dispatch_cast(p.transform.kind, through, [] { return false; });
 }
 
 /// Calls f(E{}, T{}, D{}) with the policy types of encoding `enc` and transform `t` and the

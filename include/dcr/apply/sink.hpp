@@ -199,16 +199,7 @@ located_copy locate_copy(const load_record& r, const W* base, std::int64_t numel
 /// `transform`) of tensor `tensor`; with `finalized`, its divisors are set (ready to apply).
 inline placement record_of_copy(const located_copy& c, std::byte* dst, element_transform transform,
                                 std::size_t dst_bytes, tensor_id tensor, bool finalized) noexcept {
-  placement p;
-  p.inv = c.inv;
-  p.first = c.first;
-  p.last = c.first + c.inv.span;
-  p.dst = dst;
-  p.transform = transform;
-  p.dst_bytes = static_cast<std::uint8_t>(dst_bytes);
-  p.tensor = tensor;
-  if (finalized) p.finalize();
-  return p;
+  return placement::of(c.inv, c.first, dst, dst_bytes, transform, tensor, finalized);
 }
 
 /// Copies every element src -> dst through transform T (dense refit of a transformed copy).

@@ -159,15 +159,17 @@ std::size_t select_temp_bytes(std::size_t n, cudaStream_t stream) {
   return bytes;
 }
 
-/// Copies a device count back and waits for the stream.
-inline std::size_t read_count(const std::size_t* d_count, cudaStream_t stream) {
+}  // namespace detail
+
+/// The count an `*_async` step left in device memory at `d_count`: copies it back and waits for
+/// policy.stream.
+inline std::size_t wait_count(const cuda_policy& policy, const std::size_t* d_count) {
   std::size_t count = 0;
-  DCR_CUDA_TRY(cudaMemcpyAsync(&count, d_count, sizeof count, cudaMemcpyDeviceToHost, stream));
-  DCR_CUDA_TRY(cudaStreamSynchronize(stream));
+  DCR_CUDA_TRY(cudaMemcpyAsync(&count, d_count, sizeof count, cudaMemcpyDeviceToHost,
+                               policy.stream));
+  DCR_CUDA_TRY(cudaStreamSynchronize(policy.stream));
   return count;
 }
-
-}  // namespace detail
 
 // ---- loop primitive ----------------------------------------------------------------------------
 
@@ -228,8 +230,7 @@ template <storage_word W>
 std::size_t detect_compact(const cuda_policy& policy, const W* tracker, const W* candidate,
                            std::size_t n, changed_words<W> out, workspace ws,
                            std::uint64_t first_index = 0) {
-  return detail::read_count(
-      detect_compact_async(policy, tracker, candidate, n, out, ws, first_index), policy.stream);
+  return wait_count(policy, detect_compact_async(policy, tracker, candidate, n, out, ws, first_index));
 }
 
 // ---- detect + compact, pinned host tracker -----------------------------------------------------
@@ -298,7 +299,7 @@ class pinned_tracker_pipeline {
   }
 
   /// Enqueues the pipeline; returns the device address of the total count (valid once
-  /// policy.stream reaches it). `tracker` is pinned host memory, `candidate` and `out` device
+  /// policy.stream reaches it; wait_count(policy, address) waits and reads it). `tracker` is pinned host memory, `candidate` and `out` device
   /// memory (out of capacity n), `ws` at least workspace_bytes<W>(policy, n).
   template <storage_word W>
   std::size_t* detect_compact_async(const cuda_policy& policy, const W* tracker,
@@ -350,15 +351,6 @@ class pinned_tracker_pipeline {
       DCR_CUDA_TRY(cudaEventRecord(consumed_[b], policy.stream));
     }
     return total;
-  }
-
-  /// detect_compact_async, then the count copied back (waits for policy.stream).
-  template <storage_word W>
-  std::size_t detect_compact(const cuda_policy& policy, const W* tracker, const W* candidate,
-                             std::size_t n, changed_words<W> out, workspace ws,
-                             std::uint64_t first_index = 0) {
-    return detail::read_count(
-        detect_compact_async(policy, tracker, candidate, n, out, ws, first_index), policy.stream);
   }
 
  private:
