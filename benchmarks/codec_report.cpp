@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "codec_workloads.hpp"
+#include "dcr/apply/record.hpp"
 #include "dcr/canonical.hpp"
 #include "dcr/codec/choose.hpp"
 #include "dcr/codec/item.hpp"
@@ -177,6 +178,21 @@ std::string format(const char* fmt, auto... args) {
 // ------------------------------------------------------------------------------------------------
 // dcr's codec, through its public API only.
 
+/// Applies decoded items to `resident` (the arrays' words; tensor `id` at spans[id]) through
+/// the library's per-record step (one contiguous placement record per tensor).
+void apply_items(std::span<const dcr::item> items,
+                 std::span<const std::pair<std::size_t, std::size_t>> spans,
+                 std::span<std::uint16_t> resident) {
+  for (const dcr::item& it : items) {
+    const auto [off, len] = spans[it.tensor];
+    const auto whole = dcr::placement::contiguous(
+        reinterpret_cast<std::byte*>(resident.data() + off), static_cast<std::int64_t>(len), 2,
+        it.tensor);
+    dcr::apply_item_records<std::uint16_t>(std::span<const dcr::placement>(&whole, 1), it.enc,
+                                           it.indices, it.words<std::uint16_t>().data());
+  }
+}
+
 struct diff_stages {
   double detect_gather = 0, choose = 0, values = 0, encode = 0;
   [[nodiscard]] double total() const { return detect_gather + choose + values + encode; }
@@ -273,16 +289,7 @@ class dcr_codec {
     decoder_.decode(payload_, registry_, decoded_);
     const double decode = seconds_since(t);
     t = clock_type::now();
-    for (const dcr::item& it : decoded_) {
-      std::uint16_t* dst = resident.data() + spans_[it.tensor].first;
-      const auto values = it.words<std::uint16_t>();
-      const std::uint64_t* idx = it.indices.data();
-      dcr::visit_encoding(it.enc, [&](auto e) {
-        using E = decltype(e);
-        for (std::size_t j = 0; j < values.size(); ++j)
-          dst[idx[j]] = E::apply(dst[idx[j]], values[j]);
-      });
-    }
+    apply_items(decoded_, spans_, resident);
     if (stages != nullptr) *stages = {decode, seconds_since(t)};
   }
 
@@ -414,21 +421,6 @@ timed_run time_run(F&& f) {
   const double w = wall_now(), t = clock_type::now(), p = process_cpu_seconds();
   f();
   return {wall_now() - w, seconds_since(t), process_cpu_seconds() - p};
-}
-
-/// Applies decoded items to `resident` (the arrays' words), tensor ids of `layout`.
-void apply_items(std::span<const dcr::item> items,
-                 std::span<const std::pair<std::size_t, std::size_t>> spans,
-                 std::span<std::uint16_t> resident) {
-  for (const dcr::item& it : items) {
-    std::uint16_t* dst = resident.data() + spans[it.tensor].first;
-    const auto values = it.words<std::uint16_t>();
-    const std::uint64_t* idx = it.indices.data();
-    dcr::visit_encoding(it.enc, [&](auto e) {
-      using E = decltype(e);
-      for (std::size_t j = 0; j < values.size(); ++j) dst[idx[j]] = E::apply(dst[idx[j]], values[j]);
-    });
-  }
 }
 
 /// checkpoint_differ::diff_tensors over the arrays held in memory; the payloads are kept in

@@ -16,17 +16,12 @@
 #include "dcr/kernels/cuda_check.cuh"
 #include "dcr/kernels/detect.cuh"
 #include "dcr/mapping.hpp"
+#include "../random_shard.hpp"
+#include "cuda_test.hpp"
 
 namespace {
 
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
+using dcr_test::check;
 
 template <class T>
 struct device_buffer {
@@ -59,37 +54,13 @@ records<W> cpu_reference(const std::vector<W>& tracker, const std::vector<W>& ca
   return r;
 }
 
-/// Tracker of random words; candidate changes about `rate` of them, plus the cases float
-/// equality gets wrong: +0 -> -0 and one NaN payload -> another.
-template <class W>
-void make_data(std::size_t n, double rate, std::uint64_t seed, std::vector<W>& tracker,
-               std::vector<W>& candidate) {
-  std::mt19937_64 rng(seed);
-  tracker.resize(n);
-  for (auto& w : tracker) w = static_cast<W>(rng());
-  candidate = tracker;
-  std::bernoulli_distribution change(rate);
-  for (std::size_t i = 0; i < n; ++i)
-    if (change(rng)) candidate[i] = static_cast<W>(tracker[i] ^ static_cast<W>(1 + rng() % 0xff));
-  constexpr W sign = static_cast<W>(W{1} << (8 * sizeof(W) - 1));
-  constexpr W nan_a = sizeof(W) == 2 ? W(0x7fc1) : W(0x7fc00001u);
-  constexpr W nan_b = sizeof(W) == 2 ? W(0x7fc2) : W(0x7fc00002u);
-  if (n > 2) {
-    tracker[0] = 0;
-    candidate[0] = sign;  // +0 -> -0: equal as floats, a change in bits
-    tracker[n / 2] = nan_a;
-    candidate[n / 2] = nan_b;  // NaN payload change
-    tracker[n - 1] = nan_a;
-    candidate[n - 1] = nan_a;  // same NaN: no change, though NaN != NaN as floats
-  }
-}
-
 template <class W, class M>
 void run_case(const char* name, std::size_t n, double rate, std::uint64_t seed, const M& mapping) {
   const std::string label = std::string(name) + " (n=" + std::to_string(n) +
                             ", W=u" + std::to_string(8 * sizeof(W)) + ")";
   std::vector<W> tracker, candidate;
-  make_data(n, rate, seed, tracker, candidate);
+  std::mt19937_64 rng(seed);
+  dcr_test::make_shard(rng, n, rate, tracker, candidate);
   const auto expected = cpu_reference(tracker, candidate, mapping);
 
   device_buffer<W> d_tracker(n), d_candidate(n), d_new(n);
@@ -137,14 +108,7 @@ void run_case(const char* name, std::size_t n, double rate, std::uint64_t seed, 
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t status = cudaGetDeviceCount(&devices);
-  if (status != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipping (%s)\n",
-                status != cudaSuccess ? cudaGetErrorString(status) : "device count is 0");
-    return 77;
-  }
-  try {
+  return dcr_test::run_cuda_test("cuda detect: all cases match the CPU reference", [] {
     const std::int64_t shape2[] = {1537, 2049};  // odd extents: uneven splits, ragged tiles
     const auto n2 = static_cast<std::size_t>(shape2[0] * shape2[1]);
     run_case<std::uint16_t>("replicated", n2, 0.03, 1, dcr::replicated(n2));
@@ -166,14 +130,5 @@ int main() {
     const dcr::box transposed(shape2, off, ext, axes);
     run_case<std::uint32_t>("permuted box", transposed.local_size(), 0.02, 7, transposed);
     run_case<std::uint16_t>("empty", 0, 0.5, 8, dcr::replicated(0));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAIL: exception: %s\n", e.what());
-    return 1;
-  }
-  if (failures != 0) {
-    std::fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  std::printf("cuda detect: all cases match the CPU reference\n");
-  return 0;
+  });
 }

@@ -298,40 +298,16 @@ class item_applier {
   std::uint64_t apply_item_compiled(const item& it, std::vector<write_record>* log) {
     const auto records = plan_.placements_of(it.tensor);
     const std::string_view name = plan_.at(it.tensor).name;
-    const std::uint64_t* const active = it.indices.data();
-    const std::size_t n = it.indices.size();
     return visit_word(it.word_bytes(), [&](auto w) -> std::uint64_t {
       using W = decltype(w);
       const W* const values = it.template words<W>().data();
-      return visit_encoding(it.enc, [&](auto e) -> std::uint64_t {
-        using E = decltype(e);
-        std::uint64_t writes = 0;
-        for (const placement& p : records) {
-          // The item's records inside the record's canonical window.
-          const auto lo = std::lower_bound(active, active + n, static_cast<std::uint64_t>(p.first));
-          const auto hi = std::upper_bound(lo, active + n, static_cast<std::uint64_t>(p.last));
-          if (lo == hi) continue;
-          const auto k0 = static_cast<std::size_t>(lo - active);
-          const auto k1 = static_cast<std::size_t>(hi - active);
-          writes += visit_cast(p.transform.kind, [&](auto c) -> std::uint64_t {
-            using T = decltype(c);
-            if constexpr (T::kind == cast_kind::identity) {
-              // prewarm checked that an identity record writes W-wide words
-              return detail::apply_placement<E, T, W, W>(p, active, values, k0, k1, name, log);
-            } else if constexpr (std::is_same_v<typename T::from_word, W> &&
-                                 E::id == encoding::overwrite) {
-              return detail::apply_placement<E, T, W, typename T::to_word>(p, active, values, k0,
-                                                                           k1, name, log);
-            } else {
-              // validate() refuses xor/ulp on a cast record; prewarm checked the widths.
-              throw error(errc::unsupported_loader_path,
-                          "item_applier::apply: tensor '" + std::string(name) +
-                              "' reached a cast record it cannot take");
-            }
+      if (log == nullptr) return apply_item_records<W>(records, it.enc, it.indices, values);
+      return apply_item_records<W>(
+          records, it.enc, it.indices, values,
+          [&](const placement& p, std::size_t k, std::byte* at, auto before) {
+            log->push_back(write_record{at, before, values[k], it.indices[k], name, it.enc,
+                                        p.transform, sizeof(W), sizeof(before)});
           });
-        }
-        return writes;
-      });
     });
   }
 

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "dcr/apply/loader.hpp"
+#include "dcr/apply/record.hpp"
 #include "dcr/apply/sink.hpp"
 #include "dcr/apply/transform.hpp"
 #include "dcr/canonical.hpp"
@@ -68,89 +69,6 @@ enum class apply_path : std::uint8_t {
   compiled = 0,  ///< ours (default): placement records from prewarm, no loader call per item
   general = 1,   ///< the paper's: run the loader per item with an intercepting delta_sink
 };
-
-namespace detail {
-__extension__ typedef unsigned __int128 uint128_t;  // GCC/Clang (and nvcc host code)
-}  // namespace detail
-
-/// Division by a divisor fixed at prewarm, as a multiply and a shift (Granlund and Montgomery:
-/// with 2^(l-1) < d <= 2^l and m = ceil(2^(63+l) / d), floor(n / d) = floor(n * m / 2^(63+l))
-/// for every n < 2^63). Replaces the hardware division of the per-element locate.
-struct invariant_divisor {
-  std::uint64_t multiplier = std::uint64_t{1} << 63;  ///< m (below 2^64)
-  std::uint32_t shift = 63;                           ///< 63 + l
-
-  /// The divisor `d` (1 <= d < 2^63).
-  static invariant_divisor of(std::uint64_t d) noexcept {
-    std::uint32_t l = 0;
-    while (l < 63 && (std::uint64_t{1} << l) < d) ++l;
-    invariant_divisor v;
-    const detail::uint128_t top = static_cast<detail::uint128_t>(1) << (63 + l);
-    v.multiplier = static_cast<std::uint64_t>((top + d - 1) / d);
-    v.shift = 63 + l;
-    return v;
-  }
-
-  /// floor(n / d) for n < 2^63.
-  DCR_HOST_DEVICE std::uint64_t divide(std::uint64_t n) const noexcept {
-#if DCR_DEVICE_COMPILE && defined(__CUDA_ARCH__)
-    const std::uint64_t hi = __umul64hi(n, multiplier);
-    return shift == 63 ? (hi << 1) | ((n * multiplier) >> 63) : hi >> (shift - 64);
-#else
-    return static_cast<std::uint64_t>((static_cast<detail::uint128_t>(n) * multiplier) >> shift);
-#endif
-  }
-};
-
-/// One compiled placement: a strided set of canonical elements of one tensor and where each
-/// lands in storage. Canonical index i in [first, last] is an element of the record iff
-/// locate(i - first, off) succeeds; it is stored at dst + off * dst_bytes, through
-/// `transform`. Trivially copyable, so a device kernel can take an array of them.
-struct placement {
-  view_inverse inv;
-  std::int64_t first = 0;          ///< canonical index of the lowest element
-  std::int64_t last = 0;           ///< first + inv.span: the highest canonical index reached
-  std::byte* dst = nullptr;        ///< storage address of dst offset 0
-  element_transform transform{};   ///< applied to each canonical word
-  std::uint8_t dst_bytes = 0;      ///< storage word width
-  tensor_id tensor = 0;            ///< the canonical tensor
-  std::uint32_t copies = 1;        ///< loader copies merged into this record
-  std::array<invariant_divisor, max_rank> divisors{};  ///< by inv.src_stride[i] (finalize())
-
-  /// Sets the divisors from the inverse's strides; call after any change of `inv`.
-  void finalize() noexcept {
-    for (int i = 0; i < inv.dims; ++i)
-      divisors[static_cast<std::size_t>(i)] =
-          invariant_divisor::of(static_cast<std::uint64_t>(inv.src_stride[static_cast<std::size_t>(i)]));
-  }
-
-  /// view_inverse::locate with the divisions replaced by multiplications: if canonical index
-  /// first + rel (rel in [0, last - first]) is an element of the record, stores its dst offset.
-  DCR_HOST_DEVICE bool locate(std::int64_t rel, std::int64_t& dst_off) const noexcept {
-    if (inv.identity) {
-      dst_off = rel;
-      return true;
-    }
-    auto r = static_cast<std::uint64_t>(rel);
-    std::int64_t off = inv.dst_origin;
-    for (int i = 0; i < inv.dims; ++i) {
-      const std::uint64_t q = divisors[static_cast<std::size_t>(i)].divide(r);
-      if (q >= static_cast<std::uint64_t>(inv.extent[static_cast<std::size_t>(i)])) return false;
-      r -= q * static_cast<std::uint64_t>(inv.src_stride[static_cast<std::size_t>(i)]);
-      off += static_cast<std::int64_t>(q) * inv.dst_step[static_cast<std::size_t>(i)];
-    }
-    if (r != 0) return false;
-    dst_off = off;
-    return true;
-  }
-
-  /// Storage address of the element at dst offset `off`.
-  [[nodiscard]] DCR_HOST_DEVICE std::byte* address(std::int64_t off) const noexcept {
-    return dst + off * static_cast<std::int64_t>(dst_bytes);
-  }
-};
-
-static_assert(std::is_trivially_copyable_v<placement>);
 
 /// The placement report of one canonical tensor on this rank.
 struct tensor_placement {
@@ -229,15 +147,8 @@ class placement_probe {
     check_transform<W, D>(transform, type_, copy_where(current_));
     if (src.size() != 0) {
       const auto c = locate_copy(current_, base_, numel_, dst, src);
-      placement p;
-      p.inv = c.inv;
-      p.first = c.first;
-      p.last = c.first + c.inv.span;
-      p.dst = reinterpret_cast<std::byte*>(dst.data());
-      p.transform = transform;
-      p.dst_bytes = static_cast<std::uint8_t>(sizeof(D));
-      p.tensor = id_;
-      out_->push_back(p);
+      out_->push_back(record_of_copy(c, reinterpret_cast<std::byte*>(dst.data()), transform,
+                                     sizeof(D), id_, /*finalized=*/false));
       current_.elements += static_cast<std::uint64_t>(src.size());
     }
     ++current_.copies;
@@ -631,66 +542,5 @@ placement_plan compile_placement(const tensor_registry& registry, Loader& loader
   }
   return plan;
 }
-
-namespace detail {
-
-inline void prefetch_for_write(const void* p) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 1);
-#else
-  (void)p;
-#endif
-}
-
-/// Applies the records in [k_begin, k_end) of one item to one placement: E::apply on a
-/// bit-preserving record, T::apply(value) (overwrite) through a cast. Returns the writes.
-/// Appends a write_record per write when `log` is not null.
-template <class E, class T, storage_word W, storage_word D>
-std::uint64_t apply_placement(const placement& p, const std::uint64_t* active,
-                              const W* values, std::size_t k_begin, std::size_t k_end,
-                              std::string_view tensor, std::vector<write_record>* log) {
-  D* const out = reinterpret_cast<D*>(p.dst);
-  std::uint64_t writes = 0;
-  auto write = [&](std::size_t k, std::int64_t off) {
-    const D before = out[off];
-    D after;
-    if constexpr (T::kind == cast_kind::identity)
-      after = E::apply(before, values[k]);
-    else
-      after = T::apply(values[k]);
-    out[off] = after;
-    ++writes;
-    if (log != nullptr)
-      log->push_back(write_record{reinterpret_cast<std::byte*>(out + off), before, values[k],
-                                  active[k], tensor, E::id, p.transform, sizeof(W), sizeof(D)});
-  };
-  // Storage words are written at scattered addresses, so the loop is bound by cache misses:
-  // locate a batch first, prefetching each destination, then read-modify-write the batch.
-  constexpr std::size_t batch = 32;
-  std::int64_t offs[batch];
-  std::size_t ks[batch];
-  for (std::size_t k = k_begin; k < k_end;) {
-    std::size_t n = 0;
-    if (p.inv.identity) {
-      for (; k < k_end && n < batch; ++k, ++n) {
-        offs[n] = static_cast<std::int64_t>(active[k]) - p.first;
-        ks[n] = k;
-        prefetch_for_write(out + offs[n]);
-      }
-    } else {
-      for (; k < k_end && n < batch; ++k) {
-        std::int64_t off = 0;
-        if (!p.locate(static_cast<std::int64_t>(active[k]) - p.first, off)) continue;
-        offs[n] = off;
-        ks[n++] = k;
-        prefetch_for_write(out + off);
-      }
-    }
-    for (std::size_t i = 0; i < n; ++i) write(ks[i], offs[i]);
-  }
-  return writes;
-}
-
-}  // namespace detail
 
 }  // namespace dcr

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "dcr/apply/loader.hpp"
+#include "dcr/apply/record.hpp"
 #include "dcr/apply/transform.hpp"
 #include "dcr/canonical.hpp"
 #include "dcr/codec/item.hpp"
@@ -162,123 +163,6 @@ constexpr bool is_non_overlapping(const tensor_view<T>& v) noexcept {
 
 }  // namespace detail
 
-/// The exact inverse of one copy's src view: relative scratch offset -> dst element offset.
-/// Trivially copyable, so a device kernel can take it by value (placement records hold one).
-///
-/// Dimensions with extent > 1 are kept, ordered by |src stride| descending. A dimension with a
-/// negative src stride is walked backwards from the view's lowest address: quotient q stands for
-/// coordinate extent-1-q, folded into `dst_origin` and a negated `dst_step`. The element with
-/// quotients (q_0 .. q_{dims-1}) sits at relative src offset sum q_i * src_stride[i] and at dst
-/// offset dst_origin + sum q_i * dst_step[i].
-struct view_inverse {
-  int dims = 0;
-  std::array<std::int64_t, max_rank> src_stride{};  ///< |src stride|, descending
-  std::array<std::int64_t, max_rank> extent{};
-  std::array<std::int64_t, max_rank> dst_step{};    ///< dst offset per quotient unit
-  std::int64_t dst_origin = 0;  ///< dst offset of the element at the view's lowest address
-  std::int64_t min_offset = 0;  ///< offset of the lowest address from src.data() (<= 0)
-  std::int64_t span = 0;        ///< largest offset from the lowest address
-  bool identity = false;        ///< gapless src laid out exactly like dst: dst offset == rel
-
-  /// Builds the inverse of a non-empty, non-overlapping src view (checked by the caller).
-  template <class W, class U>
-  static view_inverse of(const tensor_view<W>& dst, const tensor_view<U>& src) noexcept {
-    view_inverse inv;
-    for (int d = 0; d < src.rank(); ++d) {
-      const std::int64_t e = src.extent(d);
-      if (e == 1) continue;
-      std::int64_t s = src.stride(d);
-      std::int64_t ds = dst.stride(d);
-      if (s < 0) {
-        inv.min_offset += (e - 1) * s;
-        inv.dst_origin += (e - 1) * ds;
-        s = -s;
-        ds = -ds;
-      }
-      inv.src_stride[inv.dims] = s;
-      inv.extent[inv.dims] = e;
-      inv.dst_step[inv.dims] = ds;
-      inv.span += (e - 1) * s;
-      ++inv.dims;
-    }
-    for (int i = 1; i < inv.dims; ++i)
-      for (int j = i; j > 0 && inv.src_stride[j - 1] < inv.src_stride[j]; --j) {
-        std::swap(inv.src_stride[j - 1], inv.src_stride[j]);
-        std::swap(inv.extent[j - 1], inv.extent[j]);
-        std::swap(inv.dst_step[j - 1], inv.dst_step[j]);
-      }
-    inv.update_identity();
-    return inv;
-  }
-
-  /// Recomputes `identity`: gapless (span + 1 == size) and dst steps equal src strides.
-  constexpr void update_identity() noexcept {
-    std::int64_t size = 1;
-    bool same = dst_origin == 0;
-    for (int i = 0; i < dims; ++i) {
-      size *= extent[i];
-      same = same && dst_step[i] == src_stride[i];
-    }
-    identity = same && span + 1 == size;
-  }
-
-  /// Number of elements.
-  [[nodiscard]] DCR_HOST_DEVICE constexpr std::int64_t size() const noexcept {
-    std::int64_t n = 1;
-    for (int i = 0; i < dims; ++i) n *= extent[i];
-    return n;
-  }
-
-  /// If relative offset `rel` (in [0, span]) is an element of the view, stores the matching
-  /// dst offset (from dst.data()) and returns true. O(dims). The non-overlap condition makes the
-  /// greedy quotient at each stride the only possible coordinate.
-  DCR_HOST_DEVICE constexpr bool locate(std::int64_t rel, std::int64_t& dst_off) const noexcept {
-    if (identity) {
-      dst_off = rel;
-      return true;
-    }
-    std::int64_t off = dst_origin;
-    for (int i = 0; i < dims; ++i) {
-      const std::int64_t q = rel / src_stride[i];
-      if (q >= extent[i]) return false;
-      rel -= q * src_stride[i];
-      off += q * dst_step[i];
-    }
-    if (rel != 0) return false;
-    dst_off = off;
-    return true;
-  }
-
-  /// Calls f(rel, dst_off) for every element, quotients in row-major order (outermost dim =
-  /// largest src stride first). Host-side enumeration for prewarm analysis and checks.
-  template <class F>
-  void for_each(F&& f) const {
-    if (dims == 0) {
-      f(std::int64_t{0}, dst_origin);
-      return;
-    }
-    std::array<std::int64_t, max_rank> q{};
-    std::int64_t rel = 0, off = dst_origin;
-    const int inner = dims - 1;
-    for (;;) {
-      for (std::int64_t k = 0; k < extent[inner]; ++k)
-        f(rel + k * src_stride[inner], off + k * dst_step[inner]);
-      int d = inner - 1;
-      for (; d >= 0; --d) {
-        rel += src_stride[d];
-        off += dst_step[d];
-        if (++q[d] < extent[d]) break;
-        rel -= q[d] * src_stride[d];
-        off -= q[d] * dst_step[d];
-        q[d] = 0;
-      }
-      if (d < 0) return;
-    }
-  }
-};
-
-static_assert(std::is_trivially_copyable_v<view_inverse>);
-
 namespace detail {
 
 /// Where one copy's src lies inside the scratch tensor: its inverse and the canonical index of
@@ -309,6 +193,13 @@ located_copy locate_copy(const load_record& r, const W* base, std::int64_t numel
                   " reads from outside the tensor the loader was given (src must be a view "
                   "of the src argument, not a temporary)");
   return c;
+}
+
+/// The placement record of one located copy into `dst` (words of `dst_bytes`, through
+/// `transform`) of tensor `tensor`; with `finalized`, its divisors are set (ready to apply).
+inline placement record_of_copy(const located_copy& c, std::byte* dst, element_transform transform,
+                                std::size_t dst_bytes, tensor_id tensor, bool finalized) noexcept {
+  return placement::of(c.inv, c.first, dst, dst_bytes, transform, tensor, finalized);
 }
 
 /// Copies every element src -> dst through transform T (dense refit of a transformed copy).
@@ -497,21 +388,24 @@ class delta_sink {
                   k_end);
       return;
     }
-    if constexpr (std::is_same_v<D, W>) {
-      if (transform.preserves_bits()) {
-        visit_encoding(enc_, [&](auto e) {
-          using E = decltype(e);
-          write_range<D>(dst.data(), transform, c.inv, c.first, k_begin, k_end,
-                         [](D r, W v) { return E::apply(r, v); });
-        });
-        return;
-      }
-    }
-    visit_cast(transform.kind, [&](auto cast) {
+    const placement rec =
+        detail::record_of_copy(c, out, transform, sizeof(D), 0, /*finalized=*/true);
+    visit_step<W>(enc_, transform, [&](auto e, auto cast, auto d) {
+      using E = decltype(e);
       using T = decltype(cast);
-      if constexpr (cast_maps_v<T, W, D>)
-        write_range<D>(dst.data(), transform, c.inv, c.first, k_begin, k_end,
-                       [](D, W v) { return static_cast<D>(T::apply(v)); });
+      if constexpr (std::is_same_v<decltype(d), D>) {
+        if (log_ == nullptr) {
+          current_.elements += detail::apply_records<E, T, W, D>(rec, active_.data(),
+                                                                 values_.data(), k_begin, k_end);
+          return;
+        }
+        current_.elements += detail::apply_records<E, T, W, D>(
+            rec, active_.data(), values_.data(), k_begin, k_end,
+            [&](const placement&, std::size_t k, std::byte* at, D before) {
+              log_->push_back(write_record{at, before, values_[k], active_[k], current_.tensor,
+                                           enc_, transform, sizeof(W), sizeof(D)});
+            });
+      }
     });
   }
 
@@ -577,39 +471,6 @@ class delta_sink {
                            static_cast<std::uintptr_t>(off * static_cast<std::int64_t>(dst_bytes)));
     }
     return hits;
-  }
-
-  // Locates a batch of records first (prefetching each destination: the writes are scattered,
-  // so the loop is bound by cache misses), then read-modify-writes the batch.
-  template <storage_word D, class Op>
-  void write_range(D* out, element_transform transform, const view_inverse& inv,
-                   std::int64_t first, std::size_t k_begin, std::size_t k_end, Op op) {
-    constexpr std::size_t batch = 32;
-    std::int64_t offs[batch];
-    std::size_t ks[batch];
-    for (std::size_t k = k_begin; k < k_end;) {
-      std::size_t n = 0;
-      for (; k < k_end && n < batch; ++k) {
-        std::int64_t off = 0;
-        if (!inv.locate(static_cast<std::int64_t>(active_[k]) - first, off)) continue;
-#if defined(__GNUC__) || defined(__clang__)
-        __builtin_prefetch(out + off, 1);
-#endif
-        offs[n] = off;
-        ks[n++] = k;
-      }
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::int64_t off = offs[i];
-        const std::size_t kk = ks[i];
-        const D before = out[off];
-        out[off] = op(before, values_[kk]);
-        ++current_.elements;
-        if (log_ != nullptr)
-          log_->push_back(write_record{reinterpret_cast<std::byte*>(out + off), before,
-                                       values_[kk], active_[kk], current_.tensor, enc_, transform,
-                                       sizeof(W), sizeof(D)});
-      }
-    }
   }
 
   load_record current_;

@@ -132,10 +132,10 @@ DCR_DEFINE_DTYPE_CAST(bf16_to_f16_cast, bf16_to_f16, bf16, f16, f32_bits_to_f16(
 DCR_DEFINE_DTYPE_CAST(f16_to_bf16_cast, f16_to_bf16, f16, bf16, f32_bits_to_bf16(f16_bits_to_f32(w)))
 #undef DCR_DEFINE_DTYPE_CAST
 
-/// Calls f(T{}) with the policy type of `k`. Throws errc::invalid_argument for a value outside
-/// the enumeration (a corrupted placement record).
-template <class F>
-constexpr decltype(auto) visit_cast(cast_kind k, F&& f) {
+/// The one switch over cast_kind: f(T{}) with the policy type of `k`, or otherwise() for a value
+/// outside the enumeration. DCR_HOST_DEVICE (device code passes a non-throwing `otherwise`).
+template <class F, class G>
+DCR_HOST_DEVICE constexpr decltype(auto) dispatch_cast(cast_kind k, F&& f, G&& otherwise) {
   switch (k) {
     case cast_kind::identity: return f(identity_cast{});
     case cast_kind::bf16_to_f32: return f(bf16_to_f32_cast{});
@@ -145,8 +145,17 @@ constexpr decltype(auto) visit_cast(cast_kind k, F&& f) {
     case cast_kind::bf16_to_f16: return f(bf16_to_f16_cast{});
     case cast_kind::f16_to_bf16: return f(f16_to_bf16_cast{});
   }
-  throw error(errc::invalid_argument,
-              "dcr: cast kind " + std::to_string(static_cast<int>(k)) + " does not exist");
+  return otherwise();
+}
+
+/// Calls f(T{}) with the policy type of `k`. Throws errc::invalid_argument for a value outside
+/// the enumeration (a corrupted placement record).
+template <class F>
+constexpr decltype(auto) visit_cast(cast_kind k, F&& f) {
+  return dispatch_cast(k, f, [k]() -> decltype(f(identity_cast{})) {
+    throw error(errc::invalid_argument,
+                "dcr: cast kind " + std::to_string(static_cast<int>(k)) + " does not exist");
+  });
 }
 
 /// Whether policy type T turns words W into words D (the identity: D == W).

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dcr/codec/options.hpp"
+#include "dcr/codec/values.hpp"
 #include "dcr/config.hpp"
 #include "dcr/detail/bitpack.hpp"
 #include "dcr/detail/varint.hpp"
@@ -38,17 +39,7 @@ namespace dcr::detail {
 
 // ============================================================================ word transforms
 
-/// Zigzag map of a two's-complement word: 0, -1, 1, -2, ... become 0, 1, 2, 3, ..., so a small
-/// signed value has small magnitude (high bytes zero). A bijection on W.
-template <storage_word W>
-DCR_HOST_DEVICE constexpr W zigzag_encode(W v) noexcept {
-  constexpr unsigned top = 8 * sizeof(W) - 1;
-  return static_cast<W>(static_cast<W>(v << 1) ^ static_cast<W>(W{0} - static_cast<W>(v >> top)));
-}
-template <storage_word W>
-DCR_HOST_DEVICE constexpr W zigzag_decode(W z) noexcept {
-  return static_cast<W>(static_cast<W>(z >> 1) ^ static_cast<W>(W{0} - static_cast<W>(z & 1u)));
-}
+// zigzag_encode / zigzag_decode: dcr/codec/values.hpp (shared with the device encode helpers).
 
 // ============================================================================ bucket sequences
 //
@@ -689,9 +680,7 @@ inline void split_byte_planes(const std::byte* words, std::size_t n, std::byte* 
   for (std::size_t i = 0; i < n; ++i) {
     W w;
     std::memcpy(&w, words + i * sizeof(W), sizeof(W));
-    if constexpr (Zig) w = zigzag_encode<W>(w);
-    for (std::size_t k = 0; k < sizeof(W); ++k)
-      planes[k * n + i] = static_cast<std::byte>(w >> (8 * k));
+    split_into_planes<W, Zig>(w, i, n, planes);
   }
 }
 template <storage_word W, bool Zig = false>

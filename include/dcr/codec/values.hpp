@@ -121,6 +121,40 @@ struct ulp_encoding {
   }
 };
 
+namespace detail {
+
+/// Zigzag map of a two's-complement word: 0, -1, 1, -2, ... become 0, 1, 2, 3, ..., so a small
+/// signed value has small magnitude (high bytes zero). A bijection on W.
+template <storage_word W>
+DCR_HOST_DEVICE constexpr W zigzag_encode(W v) noexcept {
+  constexpr unsigned top = 8 * sizeof(W) - 1;
+  return static_cast<W>(static_cast<W>(v << 1) ^ static_cast<W>(W{0} - static_cast<W>(v >> top)));
+}
+template <storage_word W>
+DCR_HOST_DEVICE constexpr W zigzag_decode(W z) noexcept {
+  return static_cast<W>(static_cast<W>(z >> 1) ^ static_cast<W>(W{0} - static_cast<W>(z & 1u)));
+}
+
+}  // namespace detail
+
+/// Byte plane k (k < sizeof(W)) of record i of n holds byte k (little-endian order) of record
+/// i's word, zigzag-mapped first when Zig: planes[k * n + i]. Writes the sizeof(W) bytes of one
+/// record (the CPU value coder and the device encode helper both call it).
+template <storage_word W, bool Zig = false>
+DCR_HOST_DEVICE constexpr void split_into_planes(W w, std::size_t i, std::size_t n,
+                                                 std::byte* planes) noexcept {
+  if constexpr (Zig) w = detail::zigzag_encode<W>(w);
+  for (std::size_t k = 0; k < sizeof(W); ++k)
+    planes[k * n + i] = static_cast<std::byte>(w >> (8 * k));
+}
+
+/// The skip of record k of strictly increasing `indices` (what the location codings store):
+/// indices[k] - indices[k - 1] - 1, and indices[0] itself for k == 0.
+DCR_HOST_DEVICE constexpr std::uint64_t location_skip(const std::uint64_t* indices,
+                                                      std::size_t k) noexcept {
+  return k == 0 ? indices[0] : indices[k] - indices[k - 1] - 1;
+}
+
 static_assert(value_encoding<overwrite_encoding>);
 static_assert(value_encoding<xor_encoding>);
 static_assert(value_encoding<ulp_encoding>);

@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcr/apply/record.hpp"
 #include "dcr/canonical.hpp"
 #include "dcr/codec/choose.hpp"
 #include "dcr/codec/item.hpp"
@@ -716,16 +717,11 @@ inline void apply_item(std::span<std::byte> tensor, const item& it, std::string_
               errc::out_of_range,
               std::string(where) + ": item index beyond its tensor");
   visit_word(it.word_bytes(), [&]<class W>(W) {
-    visit_encoding(it.enc, [&](auto e) {
-      using E = decltype(e);
-      const auto values = it.words<W>();
-      std::byte* const base = tensor.data();
-      const std::uint64_t* const idx = it.indices.data();
-      for (std::size_t j = 0; j < values.size(); ++j) {
-        std::byte* p = base + idx[j] * sizeof(W);
-        dcr::detail::store_le<W>(p, E::apply(dcr::detail::load_le<W>(p), values[j]));
-      }
-    });
+    // The tensor's bytes as one contiguous record, through the shared per-record step.
+    const auto numel = static_cast<std::int64_t>(tensor.size() / sizeof(W));
+    const placement whole = placement::contiguous(tensor.data(), numel, sizeof(W), it.tensor);
+    apply_item_records<W, little_endian_words>(std::span<const placement>(&whole, 1), it.enc,
+                                               it.indices, it.words<W>().data());
   });
 }
 

@@ -23,11 +23,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cub/device/device_select.cuh>
-#include <thrust/iterator/counting_iterator.h>
 
 #include "dcr/detect/detect.hpp"
 #include "dcr/dtype.hpp"
 #include "dcr/error.hpp"
+#include "dcr/exec/functors.hpp"
+#include "dcr/kernels/exec.cuh"
 #include "dcr/kernels/cuda_check.cuh"
 #include "dcr/mapping/concept.hpp"
 
@@ -35,17 +36,7 @@ namespace dcr::kernels {
 
 namespace detail {
 
-/// Selection predicate over local indices: true where the stored words differ.
-template <storage_word W>
-struct word_changed {
-  const W* tracker;
-  const W* candidate;
-  __device__ bool operator()(std::uint64_t i) const noexcept {
-    return ::dcr::bits_differ{}(tracker[i], candidate[i]);
-  }
-};
-
-using local_index_iterator = thrust::counting_iterator<std::uint64_t>;
+using local_index_iterator = ::dcr::exec::detail::global_index_iterator;
 
 inline constexpr int project_block = 256;
 inline constexpr std::size_t project_max_blocks = 4096;  // grid-stride beyond; fills an H200
@@ -75,24 +66,13 @@ __global__ void __launch_bounds__(project_block)
   }
 }
 
-/// Bytes CUB needs to compact `n` local indices.
-template <storage_word W>
-std::size_t select_temp_bytes(std::size_t n, cudaStream_t stream) {
-  std::size_t bytes = 0;
-  DCR_CUDA_TRY(cub::DeviceSelect::If(nullptr, bytes, local_index_iterator{0},
-                                     static_cast<std::uint64_t*>(nullptr),
-                                     static_cast<std::size_t*>(nullptr),
-                                     static_cast<std::int64_t>(n), word_changed<W>{}, stream));
-  return bytes;
-}
-
 }  // namespace detail
 
 /// Device workspace, in bytes, that detect_and_project_async needs for `n` words of type W.
 /// Depends only on W and n: size it once per shard and reuse it every step.
 template <storage_word W>
 std::size_t detect_workspace_bytes(std::size_t n, cudaStream_t stream = nullptr) {
-  return detail::select_temp_bytes<W>(n, stream);
+  return ::dcr::exec::detail::select_temp_bytes<W>(n, stream);
 }
 
 /// Enqueues detect + project on `stream`; allocates nothing and does not synchronize.
@@ -123,12 +103,13 @@ void detect_and_project_async(const W* tracker, const W* candidate, std::size_t 
     return;
   }
   std::size_t temp_bytes = workspace_bytes;
-  DCR_EXPECTS(workspace != nullptr && temp_bytes >= detail::select_temp_bytes<W>(n, stream),
+  DCR_EXPECTS(workspace != nullptr && temp_bytes >= ::dcr::exec::detail::select_temp_bytes<W>(n, stream),
               errc::invalid_argument,
               "detect_and_project: workspace smaller than detect_workspace_bytes()");
   DCR_CUDA_TRY(cub::DeviceSelect::If(workspace, temp_bytes, detail::local_index_iterator{0},
                                      out_index, d_count, static_cast<std::int64_t>(n),
-                                     detail::word_changed<W>{tracker, candidate}, stream));
+                                     ::dcr::exec::fn::changed_from<W>{{tracker, candidate}, 0},
+                                     stream));
   const std::size_t wanted = (n + detail::project_block - 1) / detail::project_block;
   const auto blocks =
       static_cast<unsigned>(wanted < detail::project_max_blocks ? wanted
