@@ -47,6 +47,8 @@ processes:
                         DCR_ETCD_PID frozen with SIGSTOP)
   --async               receivers stage payloads while serving and apply after the last one
   --no-pipeline         owners build every chunk before packing and putting any
+  --verify V            every | last: receivers check every step against a dense refit, or only
+                        the last one (benchmarks: no verification overlapping later steps)
   --timeout SECONDS     deadline of every protocol wait (default 300)
 
 options:
@@ -153,6 +155,10 @@ int simulate_main(const std::vector<std::string>& argv) {
   ps.keep = args.flag("--keep");
   ps.asynchronous = args.flag("--async");
   ps.pipelined = !args.flag("--no-pipeline");
+  const auto verify_text = args.value("--verify", "every");
+  if (verify_text != "every" && verify_text != "last")
+    throw usage_error("--verify must be every or last");
+  ps.verify_every = verify_text == "every";
   ps.commit_outage = args.integer("--commit-outage", -1);
   ps.timeout_seconds = args.real("--timeout", 300);
   for (std::string k = args.value("--kill", ""); !k.empty(); k = args.value("--kill", "")) {

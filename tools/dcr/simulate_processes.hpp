@@ -44,6 +44,7 @@ struct simulate_settings {
   bool keep = false;
   bool asynchronous = false;
   bool pipelined = true;
+  bool verify_every = true;  ///< false (--verify last): receivers verify the last step only
   std::vector<kill_request> kills;
   std::int64_t commit_outage = -1;
   double timeout_seconds = 300;

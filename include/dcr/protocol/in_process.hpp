@@ -171,6 +171,7 @@ class in_process_refit {
     for (auto& a : owner_agents_) a->set_codec(options.bucket_bytes, options.codec);
 
     std::atomic<bool> stop{false};
+    std::atomic<std::size_t> running{owner_agents_.size() + receiver_agents_.size()};
     std::vector<std::thread> threads;
     for (std::size_t k = 0; k < owner_agents_.size(); ++k)
       threads.emplace_back([&, k] {
@@ -179,6 +180,7 @@ class in_process_refit {
                                              owners_[k].residual_inputs, deadline, &stop);
         } catch (const error&) {  // stopped, or the transition did not commit
         }
+        --running;
       });
     for (auto& a : receiver_agents_)
       threads.emplace_back([&, agent = a.get()] {
@@ -186,6 +188,7 @@ class in_process_refit {
           agent->serve_until(v + 1, deadline, &stop);
         } catch (const error&) {
         }
+        --running;
       });
     transition_summary summary;
     std::exception_ptr failure;
@@ -196,7 +199,12 @@ class in_process_refit {
     }
     // After a commit every agent finishes by itself (owners update their trackers, receivers
     // end the transition); otherwise they are told to stop.
-    if (failure || !summary.committed) {
+    // (An agent that has not finished a few seconds after a commit, e.g. a receiver the
+    // committed attempt did not require, is stopped too; it catches up in the next run().)
+    const auto grace = protocol_clock::now() + std::chrono::seconds(failure || !summary.committed ? 0 : 10);
+    while (running.load() > 0 && protocol_clock::now() < grace)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (running.load() > 0) {
       stop = true;
       put(plane_, "/dcr/wake", std::to_string(runs_));  // wake every waiter
     }

@@ -43,12 +43,17 @@ struct owner_agent_options {
   std::function<void(const attempt_record&, std::uint64_t)> after_put;
 };
 
-/// One build's timeline, for pictures and the overlap figure (seconds since the attempt was
-/// seen).
+/// One stage of an attempt, for pictures and the overlap figure: seconds since the Unix epoch
+/// (system clock), so that spans of different processes on one machine line up.
 struct stage_span {
-  std::string stage;  ///< "build", "compress+put"
+  std::string stage;  ///< "build", "compress+put", "apply"
   double begin = 0, end = 0;
 };
+
+/// Seconds since the Unix epoch now (system clock).
+inline double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 template <control_plane Plane, payload_store Store>
 class owner_agent {
@@ -266,6 +271,7 @@ class owner_agent {
                      std::span<const std::span<const std::byte>> residual_inputs, build_mode mode,
                      encoding_policy policy, protocol_clock::time_point /*deadline*/) {
     const auto t0 = clock::now();
+    const double u0 = unix_seconds_now();
     timeline_.clear();
     ids_.clear();
     std::uint32_t sequence = 0;
@@ -292,7 +298,7 @@ class owner_agent {
       const auto c2 = clock::now();
       compress += seconds(c1 - c0);
       put_time += seconds(c2 - c1);
-      timeline_.push_back({"compress+put", seconds(c0 - t0), seconds(c2 - t0)});
+      timeline_.push_back({"compress+put", u0 + seconds(c0 - t0), u0 + seconds(c2 - t0)});
     };
     double build = 0;
     if (options_.pipelined) {
@@ -303,7 +309,7 @@ class owner_agent {
             owner_->build_chunk(k, sources, policy, residual_inputs, options_.codec, mode);
         const auto b1 = clock::now();
         build += seconds(b1 - b0);
-        timeline_.push_back({"build", seconds(b0 - t0), seconds(b1 - t0)});
+        timeline_.push_back({"build", u0 + seconds(b0 - t0), u0 + seconds(b1 - t0)});
         for (const auto& it : items) records += it.count();
         if (!items.empty()) stage.submit(std::move(items));
       }
@@ -314,7 +320,7 @@ class owner_agent {
           owner_->build_items(sources, policy, residual_inputs, options_.codec, mode);
       const auto b1 = clock::now();
       build = seconds(b1 - b0);
-      timeline_.push_back({"build", seconds(b0 - t0), seconds(b1 - t0)});
+      timeline_.push_back({"build", u0 + seconds(b0 - t0), u0 + seconds(b1 - t0)});
       for (const auto& it : items) records += it.count();
       pack_and_put(items);
     }

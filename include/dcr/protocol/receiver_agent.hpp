@@ -27,6 +27,7 @@
 
 #include "dcr/pipeline.hpp"
 #include "dcr/protocol/agent_support.hpp"
+#include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/refit/receiver.hpp"
 
@@ -137,6 +138,23 @@ class receiver_agent {
           continue;
         }
       }
+      if (attempt && attempt->value.state == attempt_state::fenced &&
+          std::find(attempt->value.receivers.begin(), attempt->value.receivers.end(), name_) !=
+              attempt->value.receivers.end() &&
+          !acked(attempt->value.key())) {
+        // Fenced before this receiver started it: nothing of it was written here; say so, so
+        // that the coordinator need not wait for this receiver's lease to expire.
+        acked_.push_back(attempt->value.key());
+        receiver_ack fenced_ack;
+        fenced_ack.name = name_;
+        fenced_ack.incarnation = incarnation_;
+        fenced_ack.state = ack_state::fenced;
+        with_retry("receiver agent: acknowledge fence", deadline, [&] {
+          put(*plane_, keys.ack(attempt->value.key(), name_), encode_record(fenced_ack));
+          return 0;
+        });
+        continue;
+      }
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
                   "receiver '" + name_ + "': version " + std::to_string(version) +
                       " not reached by the deadline (holds " + std::to_string(committed_) + ")");
@@ -154,6 +172,8 @@ class receiver_agent {
   [[nodiscard]] const receiver_ack& last_ack() const noexcept { return ack_; }
   /// Payloads refused as stale (of a fenced attempt) since construction.
   [[nodiscard]] std::uint64_t stale_refused() const noexcept { return stale_total_; }
+  /// One span per payload applied in the last attempt (unix seconds).
+  [[nodiscard]] const std::vector<stage_span>& last_timeline() const noexcept { return timeline_; }
   /// Restores applied since construction.
   [[nodiscard]] std::uint64_t restores() const noexcept { return restores_; }
 
@@ -180,6 +200,12 @@ class receiver_agent {
   // Applies one delivery; a validation failure gets one fresh copy. Stale payloads (another
   // attempt's) are refused and counted, never applied.
   void apply_one(delivery& d) {
+    const double a0 = unix_seconds_now();
+    struct span_guard {
+      std::vector<stage_span>* out;
+      double begin;
+      ~span_guard() { out->push_back({"apply", begin, unix_seconds_now()}); }
+    } guard{&timeline_, a0};
     try {
       rx_->apply_payload(d.bytes);
     } catch (const error& e) {
@@ -202,6 +228,7 @@ class receiver_agent {
     acked_.push_back(key);
     current_ = a;
     applied_count_ = 0;
+    timeline_.clear();
     ack_ = {};
     ack_.name = name_;
     ack_.incarnation = incarnation_;
@@ -336,6 +363,7 @@ class receiver_agent {
   std::uint64_t stale_total_ = 0;
   std::uint64_t restores_ = 0;
   const std::atomic<bool>* stop_ = nullptr;
+  std::vector<stage_span> timeline_;
 };
 
 }  // namespace dcr
