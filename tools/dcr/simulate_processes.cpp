@@ -51,6 +51,14 @@ std::string plane_dir(const simulate_settings& s) {
 std::string store_dir(const simulate_settings& s) {
   return s.store.empty() ? (fs::path(s.workdir) / "store").string() : s.store;
 }
+/// Stage spans as JSON (what scripts/protocol-timeline.py draws).
+json timeline_json(const std::vector<dcr::stage_span>& spans) {
+  json out = json::array();
+  for (const auto& span : spans)
+    out.push_back({{"stage", span.stage}, {"begin", span.begin}, {"end", span.end}});
+  return out;
+}
+
 bool uses_etcd(const simulate_settings& s) { return s.commit.rfind("etcd", 0) == 0; }
 
 /// Calls f(plane, keys) with the control plane the settings name.
@@ -204,10 +212,7 @@ int run_owner(const simulate_settings& s) {
       json j{{"step", step}, {"report", agent.last_report()},
              {"seconds", std::chrono::duration<double>(protocol_clock::now() - t0).count()},
              {"tracker_bytes", owner.tracker_bytes()}};
-      json timeline = json::array();
-      for (const auto& span : agent.last_timeline())
-        timeline.push_back({{"stage", span.stage}, {"begin", span.begin}, {"end", span.end}});
-      j["timeline"] = timeline;
+      j["timeline"] = timeline_json(agent.last_timeline());
       append_line(s, j);
     }
     return 0;
@@ -280,10 +285,7 @@ int run_receiver(const simulate_settings& s) {
                {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
                {"gate_closes", gate_closes.load()}, {"gate_opens", gate_opens.load()},
                {"storage_bytes", storage.bytes()}};
-        json timeline = json::array();
-        for (const auto& span : agent.last_timeline())
-          timeline.push_back({{"stage", span.stage}, {"begin", span.begin}, {"end", span.end}});
-        j["timeline"] = timeline;
+        j["timeline"] = timeline_json(agent.last_timeline());
         append_line(s, j);
       };
       std::uint64_t held = v;
@@ -302,10 +304,7 @@ int run_receiver(const simulate_settings& s) {
           json j{{"step", held}, {"bit_exact", true}, {"verified", false}, {"mismatch", ""},
                  {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", served},
                  {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()}};
-          json timeline = json::array();
-          for (const auto& span : agent.last_timeline())
-            timeline.push_back({{"stage", span.stage}, {"begin", span.begin}, {"end", span.end}});
-          j["timeline"] = timeline;
+          j["timeline"] = timeline_json(agent.last_timeline());
           append_line(s, j);
         }
       }
