@@ -154,11 +154,7 @@ class coordinator {
           break;
         }
         // Lost: someone committed something else; re-read and stop.
-        commit = must_read<commit_record>(keys.commit(), deadline);
-        DCR_EXPECTS(commit.value.version == v, errc::commit_conflict,
-                    "coordinator: version " + std::to_string(commit.value.version) +
-                        " was committed by someone else during transition " + std::to_string(v) +
-                        " -> " + std::to_string(v + 1));
+        commit = expect_version_unmoved(v, deadline);
         continue;
       }
       if (restore) {
@@ -171,8 +167,19 @@ class coordinator {
         out.attempts.push_back(std::move(summary));
         continue;
       }
+      // A racing coordinator may have committed meanwhile: this very attempt (then the
+      // transition is done), or something else (a conflict).
+      const auto now = must_read<commit_record>(keys.commit(), deadline);
+      if (now.value.version == v + 1 && now.value.attempt == open->value.attempt &&
+          now.value.candidate == open->value.candidate) {
+        summary.committed = true;
+        out.committed = out.committed_by_other = true;
+        out.attempts.push_back(std::move(summary));
+        break;
+      }
       fence(*open, deadline);
       out.attempts.push_back(std::move(summary));
+      commit = expect_version_unmoved(v, deadline);
     }
     out.seconds = std::chrono::duration<double>(protocol_clock::now() - t0).count();
     return out;
@@ -182,6 +189,18 @@ class coordinator {
 
  private:
   enum class commit_result { committed, by_other, lost };
+
+  // The commit record, which must still hold version v: another coordinator committing during
+  // this one's transition is a commit_conflict, never a second commit.
+  typed_record<commit_record> expect_version_unmoved(std::uint64_t v,
+                                                     protocol_clock::time_point deadline) {
+    auto commit = must_read<commit_record>(options_.keys.commit(), deadline);
+    DCR_EXPECTS(commit.value.version == v, errc::commit_conflict,
+                "coordinator: version " + std::to_string(commit.value.version) +
+                    " was committed by someone else during transition " + std::to_string(v) +
+                    " -> " + std::to_string(v + 1));
+    return commit;
+  }
 
   template <class R>
   typed_record<R> must_read(const std::string& key, protocol_clock::time_point deadline) {
@@ -342,6 +361,12 @@ class coordinator {
                             [&] { return read_record<attempt_record>(*plane_, keys.attempt()); });
       if (!rec || rec->revision != open.revision) {
         s.failure = "the attempt record changed (another coordinator)";
+        break;
+      }
+      const auto commit = must_read<commit_record>(keys.commit(), deadline);
+      if (commit.value.version != a.base_version) {
+        s.failure = "version " + std::to_string(commit.value.version) +
+                    " was committed by someone else (another coordinator)";
         break;
       }
       s.reports = with_retry("coordinator: reports", deadline, [&] {

@@ -239,14 +239,17 @@ class receiver_agent {
                                               0, a.deadline_unix_ms - unix_ms_now())));
 
     // Fence watcher: the attempt record leaving `open` (or being replaced) stops the apply
-    // between payloads. One control-plane wait per change, never per payload.
+    // between payloads. One control-plane wait per protocol change, never per payload. It
+    // watches the whole protocol prefix, so that this receiver's own acknowledgement wakes it
+    // and it stops as soon as the attempt is over here (never a poll interval later).
     std::atomic<bool> fenced{false}, done{false};
     std::thread watcher([&] {
       std::int64_t rev = attempt_revision;
       while (!done.load()) {
         try {
-          rev = plane_->wait_for_change(options_.keys.attempt(), rev,
-                                        clock::now() + std::chrono::milliseconds(200));
+          rev = plane_->wait_for_change(options_.keys.all(), rev,
+                                        clock::now() + std::chrono::milliseconds(500));
+          if (done.load()) return;
           auto r = plane_->get(options_.keys.attempt());
           if (!r || r->revision != attempt_revision) {
             fenced = true;
@@ -257,6 +260,17 @@ class receiver_agent {
         }
       }
     });
+
+    // Stops the watcher however this function is left; normally the acknowledgement written
+    // at the end has already woken it.
+    struct watcher_stop {
+      std::atomic<bool>* done;
+      std::thread* watcher;
+      ~watcher_stop() {
+        done->store(true);
+        if (watcher->joinable()) watcher->join();
+      }
+    } stop_watcher{&done, &watcher};
 
     rx_->begin_attempt(key);
     source_->open(key, a.owners);
@@ -303,7 +317,6 @@ class receiver_agent {
       failure = std::string("receiver '") + name_ + "': " + e.what();
     }
     done = true;
-    watcher.join();
     ack_.duplicates = rx_->stats().duplicates_dropped;
     ack_.fetch_seconds = fetch;
     ack_.seconds = seconds(clock::now() - t0);
