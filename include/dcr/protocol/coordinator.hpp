@@ -29,6 +29,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -63,6 +64,7 @@ struct attempt_summary {
   std::string failure;
   std::vector<owner_report> reports;
   std::vector<receiver_ack> acks;
+  std::map<std::uint32_t, std::string> owner_incarnations;  ///< registered when it was opened
   double seconds = 0;  ///< attempt record written to outcome
 };
 
@@ -162,7 +164,7 @@ class coordinator {
         if (summary.failure.empty()) {
           complete_restore(open->value, summary, deadline);
         } else {
-          fence(*open, deadline);
+          fence(*open, deadline, &summary);
         }
         out.attempts.push_back(std::move(summary));
         continue;
@@ -177,7 +179,7 @@ class coordinator {
         out.attempts.push_back(std::move(summary));
         break;
       }
-      fence(*open, deadline);
+      fence(*open, deadline, &summary);
       out.attempts.push_back(std::move(summary));
       commit = expect_version_unmoved(v, deadline);
     }
@@ -355,6 +357,7 @@ class coordinator {
     const auto t0 = protocol_clock::now();
     const auto regs0 = live_receivers(deadline);
     const auto owners0 = live_owners(deadline);
+    for (const auto& [id, reg] : owners0) s.owner_incarnations[id] = reg.incarnation;
     for (;;) {
       const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       auto rec = with_retry("coordinator: read attempt", deadline,
@@ -477,7 +480,12 @@ class coordinator {
   }
 
   // Fences an attempt and waits until none of its receivers can still write it.
-  void fence(const typed_record<attempt_record>& open, protocol_clock::time_point deadline) {
+  // Fences an open attempt and waits until its writes can no longer land: every required
+  // receiver acknowledged the fence or left, and (with `watched`, the attempt as watch() saw
+  // it) every owner reported or left, so no payload of the attempt is still being put; the
+  // owners' final reports then complete `watched`.
+  void fence(const typed_record<attempt_record>& open, protocol_clock::time_point deadline,
+             attempt_summary* watched = nullptr) {
     const auto& keys = options_.keys;
     attempt_record f = open.value;
     f.state = attempt_state::fenced;
@@ -499,9 +507,26 @@ class coordinator {
         const bool gone = r == regs.end() || !r->second.restored || r->second.committed_version != f.base_version;
         settled = settled && (acked || gone);
       }
+      if (settled && watched != nullptr) {
+        auto reports = with_retry("coordinator: reports", deadline, [&] {
+          return read_records<owner_report>(*plane_, keys.reports(f.key()));
+        });
+        const auto owners = live_owners(deadline);
+        for (auto id : f.owners) {
+          const bool reported = std::any_of(reports.begin(), reports.end(),
+                                            [&](const auto& r) { return r.owner == id; });
+          auto o = owners.find(id);
+          auto o0 = watched->owner_incarnations.find(id);
+          const bool gone = o == owners.end() ||
+                            (o0 != watched->owner_incarnations.end() &&
+                             o->second.incarnation != o0->second);
+          settled = settled && (reported || gone);
+        }
+        if (settled) watched->reports = std::move(reports);
+      }
       if (settled) return;
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
-                  "coordinator: receivers did not acknowledge the fence of attempt " +
+                  "coordinator: receivers and owners did not settle the fence of attempt " +
                       protocol_keys::tag(f.key()) + " by the deadline");
       with_retry("coordinator: wait for fence", deadline, [&] {
         return plane_->wait_for_change(keys.all(), seen,

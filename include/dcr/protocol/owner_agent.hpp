@@ -151,6 +151,20 @@ class owner_agent {
         handle_attempt(attempt->value, candidate, candidates, residual_inputs, deadline);
         continue;
       }
+      if (attempt && attempt->value.state == attempt_state::fenced &&
+          attempt->value.base_version == v && !handled(attempt->value.key()) &&
+          std::find(attempt->value.owners.begin(), attempt->value.owners.end(), owner_->id()) !=
+              attempt->value.owners.end()) {
+        // Fenced before this owner started it: it put nothing; say so, so that the
+        // coordinator's fence need not wait for this owner's lease to expire.
+        handled_.push_back(attempt->value.key());
+        report_ = {};
+        report_.owner = owner_->id();
+        report_.incarnation = incarnation_;
+        report_.failure = "owner " + std::to_string(owner_->id()) + ": fenced before it started";
+        write_report(attempt->value.key(), deadline);
+        continue;
+      }
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
                   "owner " + std::to_string(owner_->id()) + ": transition " + std::to_string(v) +
                       " -> " + std::to_string(v + 1) + " not committed by the deadline");

@@ -89,6 +89,9 @@ class owner {
     trackers_.resize(tasks_.size());
     changed_.resize(tasks_.size());
     transition_changed_.resize(tasks_.size());
+    gathered_old_.resize(tasks_.size());
+    gathered_new_.resize(tasks_.size());
+    gathered_.assign(tasks_.size(), 0);
 
     for (const auto& t : tasks_)
       for (auto target : t.targets) add_slot(target, false);
@@ -305,23 +308,32 @@ class owner {
     auto t0 = clock::now();
     for (auto i : c.tasks) {
       changed_[i].clear();
+      gathered_old_[i].clear();
+      gathered_new_[i].clear();
+      gathered_[i] = 0;
       if (mode == build_mode::dense) {
         changed_[i].resize(tasks_[i].bytes() / dtype_size(tasks_[i].type));
         std::iota(changed_[i].begin(), changed_[i].end(), std::uint64_t{0});
       } else {
+        // One pass: the changed indices and their old and new words.
         visit_word(dtype_size(tasks_[i].type), [&](auto w) {
           using W = decltype(w);
-          detect_changes<W>(words_of<W>(std::span<const std::byte>(trackers_[i])),
-                            words_of<W>(candidates[i]), changed_[i]);
+          detect_and_gather<W>(words_of<W>(std::span<const std::byte>(trackers_[i])),
+                               words_of<W>(candidates[i]), changed_[i], gathered_old_[i],
+                               gathered_new_[i]);
         });
+        gathered_[i] = 1;
         stats_.changed_elements += changed_[i].size();
         unite(transition_changed_[i], changed_[i]);
-        if (transition_changed_[i].size() != changed_[i].size()) changed_[i] = transition_changed_[i];
+        if (transition_changed_[i].size() != changed_[i].size()) {
+          changed_[i] = transition_changed_[i];  // a retry: also what earlier attempts sent
+          gathered_[i] = 0;
+        }
       }
       stats_.compared_bytes += candidates[i].size();
     }
     auto t1 = clock::now();
-    for (auto i : c.tasks) project(i, candidates[i], mode == build_mode::dense);
+    for (auto i : c.tasks) project(i, candidates[i], gathered_[i] != 0);
     for (auto slot : c.slots) records_[slot].sort_by_index();
     auto t2 = clock::now();
     stats_.detect_seconds += seconds(t1 - t0);
@@ -584,9 +596,30 @@ class owner {
   // Projects task i's changed local indices to canonical coordinates and appends (index, old,
   // new) records to the buffers of the target tensors. Sized once per part (a counting pass for
   // multi-part mappings), then filled with typed word copies: no per-record allocation.
-  void project(std::size_t i, std::span<const std::byte> candidate, bool /*dense*/) {
+  // Calls f(k0, k1, d, j0) for each maximal group changed[k0 .. k1) of local indices that lie
+  // in one run of the mapping (see run_length): changed[k] lands at {d.part, d.index +
+  // changed[k] - j0}. One mapping evaluation per run instead of one per element (the mapping's
+  // divisions cost more than the rest of the projection). `changed` is sorted.
+  template <class Mapping, class F>
+  static void for_each_mapped_run(const Mapping& m, std::span<const std::uint64_t> changed, F&& f) {
+    const std::size_t n = changed.size();
+    for (std::size_t k = 0; k < n;) {
+      const std::uint64_t j0 = changed[k];
+      const mapped_index d = m(j0);
+      const std::uint64_t end = j0 + m.run_length(j0);
+      std::size_t k1 = k + 1;
+      while (k1 < n && changed[k1] < end) ++k1;
+      f(k, k1, d, j0);
+      k = k1;
+    }
+  }
+
+  // Appends the records of task i's changed words to the record buffers of its targets. With
+  // `gathered`, the old and new words are the ones detect_and_gather picked up in the detection
+  // pass (in the order of changed_[i]); otherwise they are read from the tracker and candidate.
+  void project(std::size_t i, std::span<const std::byte> candidate, bool gathered) {
     const auto& task = tasks_[i];
-    const auto& changed = changed_[i];
+    const std::span<const std::uint64_t> changed = changed_[i];
     if (changed.empty()) return;
     const std::size_t wb = dtype_size(task.type);
     std::visit(
@@ -602,7 +635,8 @@ class owner {
           if (task.targets.size() == 1) {
             part_fill_[0] = changed.size();
           } else {
-            for (auto j : changed) ++part_fill_[m(j).part];
+            for_each_mapped_run(m, changed, [&](std::size_t k0, std::size_t k1, mapped_index d,
+                                                std::uint64_t) { part_fill_[d.part] += k1 - k0; });
           }
           for (std::size_t p = 0; p < task.targets.size(); ++p) {
             record_buffer& r = *part_records_[p];
@@ -614,16 +648,30 @@ class owner {
           }
           visit_word(wb, [&](auto w) {
             using W = decltype(w);
-            const W* old_words = reinterpret_cast<const W*>(trackers_[i].data());
-            const W* new_words = reinterpret_cast<const W*>(candidate.data());
-            for (auto j : changed) {
-              const mapped_index d = m(j);
+            const W* tracker_words = reinterpret_cast<const W*>(trackers_[i].data());
+            const W* candidate_words = reinterpret_cast<const W*>(candidate.data());
+            const W* gathered_old = reinterpret_cast<const W*>(gathered_old_[i].data());
+            const W* gathered_new = reinterpret_cast<const W*>(gathered_new_[i].data());
+            for_each_mapped_run(m, changed, [&](std::size_t k0, std::size_t k1, mapped_index d,
+                                                std::uint64_t j0) {
               record_buffer& r = *part_records_[d.part];
-              const std::size_t at = part_fill_[d.part]++;
-              r.indices[at] = d.index;
-              reinterpret_cast<W*>(r.old_bytes.data())[at] = old_words[j];
-              reinterpret_cast<W*>(r.new_bytes.data())[at] = new_words[j];
-            }
+              const std::size_t at = part_fill_[d.part];
+              part_fill_[d.part] += k1 - k0;
+              std::uint64_t* index = r.indices.data() + at;
+              const std::uint64_t shift = d.index - j0;  // modular: d.index + (j - j0)
+              for (std::size_t k = k0; k < k1; ++k) index[k - k0] = changed[k] + shift;
+              W* old_out = reinterpret_cast<W*>(r.old_bytes.data()) + at;
+              W* new_out = reinterpret_cast<W*>(r.new_bytes.data()) + at;
+              if (gathered) {
+                std::memcpy(old_out, gathered_old + k0, (k1 - k0) * sizeof(W));
+                std::memcpy(new_out, gathered_new + k0, (k1 - k0) * sizeof(W));
+              } else {
+                for (std::size_t k = k0; k < k1; ++k) {
+                  old_out[k - k0] = tracker_words[changed[k]];
+                  new_out[k - k0] = candidate_words[changed[k]];
+                }
+              }
+            });
           });
         },
         task.mapping);
@@ -665,6 +713,8 @@ class owner {
   std::vector<std::vector<std::byte>> trackers_;
   std::vector<std::vector<std::uint64_t>> changed_;  // per task: local indices of this build
   std::vector<std::vector<std::uint64_t>> transition_changed_;  // per task: union, this transition
+  std::vector<std::vector<std::byte>> gathered_old_, gathered_new_;  // per task: words of changed_
+  std::vector<std::uint8_t> gathered_;  // per task: gathered_old_/new_ hold changed_'s words
   std::vector<chunk> chunks_;
   std::vector<std::uint8_t> chunk_built_;
   std::vector<item> all_items_;  // build_items(): every chunk's items
