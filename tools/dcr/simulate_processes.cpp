@@ -128,10 +128,11 @@ int run_coordinator(const simulate_settings& s) {
     coord.initialize(0, deadline);
     const auto v0 = wait_for_commit_record(plane, keys, deadline);
     for (auto step = v0 + 1; step <= static_cast<std::uint64_t>(s.steps); ++step) {
-      const double begin_unix = dcr::unix_seconds_now();
       const auto t = coord.run_transition("step " + std::to_string(step), deadline_of(s));
-      const double end_unix = dcr::unix_seconds_now();
-      json j{{"step", step}, {"begin_unix", begin_unix}, {"end_unix", end_unix}, {"committed", t.committed}, {"committed_by_other", t.committed_by_other},
+      // The commit happened before the cleanup; the first attempt record t.seconds before it.
+      const double end_unix = dcr::unix_seconds_now() - t.cleanup_seconds;
+      const double begin_unix = end_unix - t.seconds;
+      json j{{"step", step}, {"begin_unix", begin_unix}, {"wait_seconds", t.wait_seconds}, {"cleanup_seconds", t.cleanup_seconds}, {"end_unix", end_unix}, {"committed", t.committed}, {"committed_by_other", t.committed_by_other},
              {"seconds", t.seconds}, {"commit_seconds", t.commit_seconds}, {"restores", t.restores}};
       json attempts = json::array();
       for (const auto& a : t.attempts) {
@@ -560,7 +561,9 @@ int run_simulate_processes(const simulate_settings& settings) {
              {"restores", st["restores"]}, {"committed_by_other", st["committed_by_other"]},
              {"seconds", {{"total", st["seconds"]}, {"commit", st["commit_seconds"]},
                           {"build", build}, {"compress_put", compress}, {"fetch", fetch},
-                          {"apply", apply}}},
+                          {"apply", apply},
+                          {"waiting_for_candidates", st.value("wait_seconds", 0.0)},
+                          {"cleanup", st.value("cleanup_seconds", 0.0)}}},
              {"failures", failures_list}};
     if (!mismatch.empty()) one["mismatch"] = mismatch;
     if (!owner_lines[step].empty()) {

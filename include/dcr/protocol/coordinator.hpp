@@ -30,6 +30,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -74,8 +75,12 @@ struct transition_summary {
   bool committed_by_other = false;  ///< another coordinator's commit transaction won
   std::vector<attempt_summary> attempts;  ///< restores included
   std::uint64_t restores = 0;
-  double seconds = 0;        ///< prepare to commit
+  double seconds = 0;        ///< prepare (the first attempt record written) to commit
   double commit_seconds = 0; ///< the commit transaction
+  double cleanup_seconds = 0;  ///< after the commit: the transition's payloads erased
+  /// Before the first attempt record: waiting for every owner to hold the candidate (the
+  /// trainer's step) and for the first receivers to register. Not part of `seconds`.
+  double wait_seconds = 0;
 };
 
 template <control_plane Plane, payload_store Store>
@@ -115,6 +120,8 @@ class coordinator {
                                     protocol_clock::time_point deadline) {
     const auto& keys = options_.keys;
     const auto t0 = protocol_clock::now();
+    std::optional<protocol_clock::time_point> opened;  // the first attempt record written
+    std::optional<protocol_clock::time_point> committed_at;
     transition_summary out;
     auto commit = must_read<commit_record>(keys.commit(), deadline);
     const std::uint64_t v = commit.value.version;
@@ -141,6 +148,10 @@ class coordinator {
       }
       const bool restore = open->value.kind == attempt_kind::restore;
       if (!restore) ++refit_attempts;
+      if (!opened) {
+        opened = protocol_clock::now();
+        out.wait_seconds = std::chrono::duration<double>(*opened - t0).count();
+      }
       attempt_summary summary = watch(*open, deadline);
       if (summary.failure.empty() && !restore) {
         if (options_.before_commit) options_.before_commit(open->value);
@@ -152,7 +163,10 @@ class coordinator {
         out.committed_by_other = result == commit_result::by_other;
         out.attempts.push_back(std::move(summary));
         if (out.committed) {
+          committed_at = protocol_clock::now();
           cleanup(v + 1, deadline);
+          out.cleanup_seconds =
+              std::chrono::duration<double>(protocol_clock::now() - *committed_at).count();
           break;
         }
         // Lost: someone committed something else; re-read and stop.
@@ -183,7 +197,9 @@ class coordinator {
       out.attempts.push_back(std::move(summary));
       commit = expect_version_unmoved(v, deadline);
     }
-    out.seconds = std::chrono::duration<double>(protocol_clock::now() - t0).count();
+    out.seconds = std::chrono::duration<double>(committed_at.value_or(protocol_clock::now()) -
+                                                opened.value_or(t0))
+                      .count();
     return out;
   }
 
@@ -237,17 +253,19 @@ class coordinator {
       const std::optional<typed_record<attempt_record>>& previous,
       protocol_clock::time_point deadline, transition_summary& out) {
     const auto& keys = options_.keys;
-    // Owners must be registered with trackers at v (a restarted owner re-registers).
+    // Owners must be registered with trackers at v (a restarted owner re-registers) and hold
+    // the candidate: the attempt opens when the trainer's step is there, not before.
     std::map<std::uint32_t, owner_registration> owners;
     for (;;) {
       owners = live_owners(deadline);
       bool all = true;
       for (auto id : owners_)
         all = all && owners.contains(id) && owners[id].tracker_version == v &&
-              !dead_.contains(owners[id].incarnation);
+              owners[id].candidate == candidate && !dead_.contains(owners[id].incarnation);
       if (all) break;
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
-                  "coordinator: not every owner is registered at version " + std::to_string(v));
+                  "coordinator: not every owner is registered at version " + std::to_string(v) +
+                      " holding candidate '" + candidate + "'");
       const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       with_retry("coordinator: wait for owners", deadline, [&] {
         return plane_->wait_for_change(keys.owners(), seen,

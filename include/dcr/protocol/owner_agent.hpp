@@ -85,7 +85,7 @@ class owner_agent {
     with_retry("owner agent: register", deadline, [&] {
       lease_ = plane_->grant_lease(options_.lease_ttl);
       put(*plane_, options_.keys.owner(owner_->id()),
-          encode_record(owner_registration{owner_->id(), incarnation_, tracker_version_}), lease_);
+          encode_record(registration()), lease_);
       return 0;
     });
     keeper_ = std::make_unique<lease_keeper<Plane>>(*plane_, lease_, options_.lease_ttl);
@@ -110,6 +110,13 @@ class owner_agent {
     DCR_EXPECTS(lease_ != 0, errc::not_ready, "owner agent: serve_transition before start");
     const std::uint64_t v = tracker_version_;
     const auto& keys = options_.keys;
+    if (candidate_ != candidate) {  // ready: the coordinator may open attempts of it now
+      candidate_ = candidate;
+      with_retry("owner agent: register candidate", deadline, [&] {
+        put(*plane_, keys.owner(owner_->id()), encode_record(registration()), lease_);
+        return 0;
+      });
+    }
     for (;;) {
       DCR_EXPECTS(stop == nullptr || !stop->load(), errc::not_ready, "owner agent: stopped");
       if (!keeper_->alive()) reregister(deadline);
@@ -134,7 +141,7 @@ class owner_agent {
         built_in_process_ = false;
         with_retry("owner agent: update registration", deadline, [&] {
           put(*plane_, keys.owner(owner_->id()),
-              encode_record(owner_registration{owner_->id(), incarnation_, tracker_version_}),
+              encode_record(registration()),
               lease_);
           return 0;
         });
@@ -201,10 +208,14 @@ class owner_agent {
     with_retry("owner agent: re-register", deadline, [&] {
       lease_ = plane_->grant_lease(options_.lease_ttl);
       put(*plane_, options_.keys.owner(owner_->id()),
-          encode_record(owner_registration{owner_->id(), incarnation_, tracker_version_}), lease_);
+          encode_record(registration()), lease_);
       return 0;
     });
     keeper_ = std::make_unique<lease_keeper<Plane>>(*plane_, lease_, options_.lease_ttl);
+  }
+
+  owner_registration registration() const {
+    return owner_registration{owner_->id(), incarnation_, tracker_version_, candidate_};
   }
 
   bool handled(const attempt_key& key) const {
@@ -371,6 +382,7 @@ class owner_agent {
   Store* store_;
   owner_agent_options options_;
   std::string incarnation_;
+  std::string candidate_;  // the candidate weights served (registered with the owner)
   payload_encoder encoder_;
   lease_id lease_ = 0;
   std::unique_ptr<lease_keeper<Plane>> keeper_;

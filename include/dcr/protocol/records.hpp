@@ -100,6 +100,9 @@ struct owner_registration {
   std::uint32_t owner = 0;
   std::string incarnation;
   std::uint64_t tracker_version = 0;  ///< the version its trackers hold
+  /// The candidate weights it holds and serves ("" until it serves a transition): the
+  /// coordinator opens an attempt only once every owner holds the attempt's candidate.
+  std::string candidate;
 };
 
 /// An owner's account of one attempt.
@@ -203,7 +206,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(receiver_registration, name, inc
                                                 overwrite_only, committed_version, restored,
                                                 registry_fingerprint)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(owner_registration, owner, incarnation,
-                                                tracker_version)
+                                                tracker_version, candidate)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(owner_report, owner, incarnation, built, failure,
                                                 change_digest, manifest_digest, payloads,
                                                 payload_bytes, records, changed_elements,
