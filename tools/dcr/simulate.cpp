@@ -4,11 +4,16 @@
 #include <fmt/core.h>
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "args.hpp"
+#include "dcr/exec/device.hpp"
 #include "dcr/sim/deployment.hpp"
+#include "simulate_backends.hpp"
 #include "simulate_processes.hpp"
 
 namespace dcr_tool {
@@ -66,6 +71,10 @@ options:
   --engine-layout L     serving | plain (overrides --layout for the receivers)
   --tie T               none | omit-lm-head | store-both: tied embeddings (default none)
   --apply-path P        compiled | general (default compiled)
+  --device D            cpu | cuda: where owners detect (detect + compact, projection, tracker
+                        update) and receivers apply (default cpu). cuda needs a CUDA device and
+                        a build with nvcc; without either it stops before starting anything,
+                        with exit status 3 and the reason (never a silent CPU run)
   --encoding E          mixed | xor | ulp | overwrite (default mixed)
   --level N             zstd level (default 1)
   --bucket-mb N         raw record MB per payload (default 64)
@@ -74,7 +83,22 @@ options:
   --fault-step N        step whose first attempt gets the fault (default 2)
   --json                print the report as JSON instead of tables
   -h, --help            this text
+
+exit status: 0 every step committed once and bit-exact; 1 not, or an error; 2 a usage error;
+3 the --device asked for is not available here.
 )";
+
+/// Exit status of `--device cuda` where no CUDA device (or no CUDA backend) is available.
+constexpr int device_unavailable_status = 3;
+
+/// A dcr::error's message without the ": <code message>" std::system_error appends.
+std::string message_of(const dcr::error& e) {
+  std::string m = e.what();
+  const std::string suffix = ": " + e.code().message();
+  if (m.size() >= suffix.size() && m.compare(m.size() - suffix.size(), suffix.size(), suffix) == 0)
+    m.resize(m.size() - suffix.size());
+  return m;
+}
 
 struct step_result {
   std::uint64_t step = 0;
@@ -148,6 +172,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   const auto fault_text = args.value("--fault", "none");
   const auto fault_step = args.integer("--fault-step", 2);
   const bool json = args.flag("--json");
+  const auto device_text = args.value("--device", "cpu");
   simulate_settings ps;
   ps.argv = argv;
   ps.commit = args.value("--commit", "file");
@@ -225,10 +250,37 @@ int simulate_main(const std::vector<std::string>& argv) {
   else throw usage_error("--encoding must be mixed, xor, ulp or overwrite");
   options.codec.zstd_level = level;
   options.bucket_bytes = static_cast<std::size_t>(bucket_mb) << 20;
+  try {
+    ps.device = dcr::exec::parse_device(device_text);
+  } catch (const dcr::error& e) {
+    throw usage_error(message_of(e));
+  }
+  const bool cuda = ps.device == dcr::exec::device_kind::cuda;
+  if (cuda && path == dcr::apply_path::general)
+    throw usage_error("--device cuda applies on the compiled path (not --apply-path general, whose "
+                      "loader writes host storage)");
   if (fault_text != "none" && fault_text != "duplicate" && fault_text != "corrupt" &&
       fault_text != "drop-receiver" && fault_text != "reorder" && fault_text != "delay" &&
       fault_text != "stale")
     throw usage_error("--fault must be none, duplicate, corrupt, drop-receiver, reorder, delay or stale");
+
+  // Before any process starts: can the device run here? (Agent processes were started by a
+  // parent that checked.) --device cuda never falls back to the CPU.
+  if (ps.role.empty()) {
+    try {
+      const auto selection = dcr::exec::select_device(ps.device);
+      ps.device_description = selection.description;
+    } catch (const dcr::error& e) {
+      if (e.dcr_code() != dcr::errc::device_error) throw;
+      if (json)
+        fmt::print("{{\"error\": {{\"code\": \"device_error\", \"message\": \"{}\"}}, "
+                   "\"device\": \"{}\", \"exit_status\": {}}}\n",
+                   json_escape(message_of(e)), dcr::exec::device_name(ps.device),
+                   device_unavailable_status);
+      fmt::print(stderr, "dcr simulate: error [{}]: {}\n", e.code().message(), message_of(e));
+      return device_unavailable_status;
+    }
+  }
 
   if (!in_process) {
     ps.size = size;
@@ -266,6 +318,26 @@ int simulate_main(const std::vector<std::string>& argv) {
   setup.seed = seed;
   dcr::sim::in_process_deployment deployment(setup);
   deployment.start();
+  // --device cuda: every owner detects, every receiver applies on the GPU (device copies of
+  // trackers and storage; the storage is copied back before each verification).
+  std::vector<std::unique_ptr<dcr::detect_backend>> device_detect;
+  std::vector<std::unique_ptr<device_storage_backend>> device_apply;
+  for (std::size_t k = 0; k < deployment.owner_count(); ++k)
+    if (auto b = make_detect_backend(ps.device, static_cast<int>(k))) {
+      deployment.owner_at(k).set_detect_backend(b.get());
+      device_detect.push_back(std::move(b));
+    }
+  for (std::size_t r = 0; r < deployment.receiver_count(); ++r)
+    if (auto b = make_apply_backend(ps.device, deployment.storage_at(r).buffers(),
+                                    static_cast<int>(r))) {
+      b->upload_storage();
+      deployment.receiver_at(r).set_apply_backend(b.get());
+      device_apply.push_back(std::move(b));
+    }
+  const std::string detect_on =
+      deployment.owner_count() ? deployment.owner_at(0).detect_device() : "cpu";
+  const std::string apply_on =
+      deployment.receiver_count() ? deployment.receiver_at(0).apply_device() : "cpu";
   const auto& config = setup.model;
   const auto& registry = deployment.registry();
   const double setup_seconds = seconds_since(setup_start);
@@ -287,6 +359,9 @@ int simulate_main(const std::vector<std::string>& argv) {
                "rate {}, setup {:.2f} s\n",
                receiver_tp, dcr::sim::layout_name(engine_layout), apply_path_text,
                overwrite_only.size(), rate, setup_seconds);
+    fmt::print("  device {}: detect, project, tracker update on {}; apply on {}; residual, "
+               "encode, compress, decode, verify on cpu\n",
+               ps.device_description, detect_on, apply_on);
   }
 
   // ---- Steps.
@@ -312,6 +387,7 @@ int simulate_main(const std::vector<std::string>& argv) {
 
     // Verify: dense refit of the same candidate weights through the same loader.
     const auto verify_start = clock_type::now();
+    for (auto& a : device_apply) a->download_storage();
     res.mismatch = res.committed ? deployment.verify_against_dense_refit() : "not committed";
     res.bit_exact = res.mismatch.empty();
     res.verify_seconds = seconds_since(verify_start);
@@ -356,6 +432,13 @@ int simulate_main(const std::vector<std::string>& argv) {
                        apply_path_text, coverage.affine_share(), coverage.affine_bytes,
                        coverage.residual_bytes, coverage.uncovered_bytes, residual_tasks,
                        overwrite_only.size());
+    out += fmt::format("  \"device\": {{\"requested\": \"{}\", \"description\": \"{}\"}},\n",
+                       dcr::exec::device_name(ps.device), json_escape(ps.device_description));
+    out += fmt::format("  \"stage_devices\": {{\"detect\": \"{0}\", \"project\": \"{0}\", "
+                       "\"tracker_update\": \"{0}\", \"residual\": \"cpu\", \"encode\": \"cpu\", "
+                       "\"compress\": \"cpu\", \"decode\": \"cpu\", \"apply\": \"{1}\", "
+                       "\"verify\": \"cpu\"}},\n",
+                       detect_on, apply_on);
     out += fmt::format("  \"setup_seconds\": {:.6f},\n  \"steps\": [", setup_seconds);
     for (std::size_t k = 0; k < results.size(); ++k) {
       const auto& r = results[k];

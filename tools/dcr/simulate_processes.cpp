@@ -31,6 +31,7 @@
 #include "dcr/protocol/receiver_agent.hpp"
 #include "dcr/sim/moe_engine.hpp"
 #include "dcr/testing/faults.hpp"
+#include "simulate_backends.hpp"
 
 namespace dcr_tool {
 namespace {
@@ -60,6 +61,14 @@ json timeline_json(const std::vector<dcr::stage_span>& spans) {
 }
 
 bool uses_etcd(const simulate_settings& s) { return s.commit.rfind("etcd", 0) == 0; }
+
+/// "cuda", "cpu", or "cpu+cuda" when processes disagree (they do not; a report would show it).
+std::string joined(const std::set<std::string>& names, const std::string& fallback) {
+  if (names.empty()) return fallback;
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : "+") + n;
+  return out;
+}
 
 /// Calls f(plane, keys) with the control plane the settings name.
 template <class F>
@@ -173,6 +182,10 @@ int run_owner(const simulate_settings& s) {
       residual_index.push_back(r);
     }
   dcr::owner owner(registry, rank, std::move(tasks), std::move(residual));
+  // --device cuda: detect + compact, projection and tracker updates on the GPU (trackers in
+  // device memory; each step's candidate shards copied there, as a trainer's would already be).
+  const auto device_detect = make_detect_backend(s.device, s.id);
+  if (device_detect) owner.set_detect_backend(device_detect.get());
   auto spans = [&](std::vector<std::span<const std::byte>>& c,
                    std::vector<std::span<const std::byte>>& in) {
     c.clear();
@@ -213,6 +226,8 @@ int run_owner(const simulate_settings& s) {
       json j{{"step", step}, {"report", agent.last_report()},
              {"seconds", std::chrono::duration<double>(protocol_clock::now() - t0).count()},
              {"tracker_bytes", owner.tracker_bytes()}};
+      const std::string device = owner.detect_device();
+      j["devices"] = {{"detect", device}, {"project", device}, {"tracker_update", device}};
       j["timeline"] = timeline_json(agent.last_timeline());
       append_line(s, j);
     }
@@ -230,6 +245,10 @@ int run_receiver(const simulate_settings& s) {
   dcr::sim::moe_engine_loader loader(storage);
   dcr::receiver<dcr::sim::moe_engine_loader> rx(registry, loader, dcr::apply_options{s.path, false});
   rx.prewarm();
+  // --device cuda: the compiled path's writes go into a device copy of this rank's storage; it
+  // is filled from the host after the dense load and copied back before each verification.
+  const auto device_apply = make_apply_backend(s.device, storage.buffers(), s.id);
+  if (device_apply) rx.set_apply_backend(device_apply.get());
   std::unique_ptr<dcr::sim::moe_engine_storage> reference;
   std::vector<std::byte> canonical, scratch;
   // Dense load of version `step`, one canonical tensor at a time, through `target`'s loader.
@@ -254,6 +273,7 @@ int run_receiver(const simulate_settings& s) {
     // A first start loads version v from its "checkpoint" (the seed); a restarted receiver has
     // lost its storage and is restored through the protocol.
     if (!s.restarted) dense_load(rx, v);
+    if (device_apply) device_apply->upload_storage();  // a restarted one: its fresh storage
     dcr::receiver_agent_options o;
     o.keys = keys;
     o.asynchronous = s.asynchronous;
@@ -271,6 +291,7 @@ int run_receiver(const simulate_settings& s) {
         // A dense refit of version `held` through this receiver's own loader, into fresh
         // storage, compared byte for byte (padding included).
         const auto v0 = protocol_clock::now();
+        if (device_apply) device_apply->download_storage();
         if (!reference)
           reference = std::make_unique<dcr::sim::moe_engine_storage>(s.model, s.receiver_tp, rank,
                                                                      s.engine_layout);
@@ -285,7 +306,7 @@ int run_receiver(const simulate_settings& s) {
                {"verify_seconds", std::chrono::duration<double>(protocol_clock::now() - v0).count()},
                {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
                {"gate_closes", gate_closes.load()}, {"gate_opens", gate_opens.load()},
-               {"storage_bytes", storage.bytes()}};
+               {"storage_bytes", storage.bytes()}, {"apply_device", rx.apply_device()}};
         j["timeline"] = timeline_json(agent.last_timeline());
         append_line(s, j);
       };
@@ -304,7 +325,8 @@ int run_receiver(const simulate_settings& s) {
         } else {  // --verify last: only the timeline and counters of this step
           json j{{"step", held}, {"bit_exact", true}, {"verified", false}, {"mismatch", ""},
                  {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", served},
-                 {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()}};
+                 {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
+                 {"apply_device", rx.apply_device()}};
           j["timeline"] = timeline_json(agent.last_timeline());
           append_line(s, j);
         }
@@ -511,6 +533,22 @@ int run_simulate_processes(const simulate_settings& settings) {
   for (auto o : owners)
     for (auto& j : read_lines(results / ("owner-" + std::to_string(o) + ".jsonl")))
       owner_lines[j["step"].get<std::uint64_t>()].push_back(j);
+  // Which device ran each stage, as the processes themselves report it.
+  std::set<std::string> detect_devices, apply_devices;
+  for (const auto& [step, lines] : owner_lines)
+    for (const auto& o : lines)
+      if (o.contains("devices")) detect_devices.insert(o["devices"]["detect"].get<std::string>());
+  for (const auto& [step, lines] : receiver_lines)
+    for (const auto& r : lines)
+      if (r.contains("apply_device")) apply_devices.insert(r["apply_device"].get<std::string>());
+  const std::string requested = dcr::exec::device_name(s.device);
+  const std::string detect_on = joined(detect_devices, requested);
+  const std::string apply_on = joined(apply_devices, requested);
+  const json stage_devices{{"detect", detect_on},   {"project", detect_on},
+                           {"tracker_update", detect_on}, {"residual", "cpu"},
+                           {"encode", "cpu"},       {"compress", "cpu"},
+                           {"decode", "cpu"},       {"apply", apply_on},
+                           {"verify", "cpu"}};
   std::set<std::uint64_t> committed_versions;
   bool all_ok = failures == 0 && static_cast<std::int64_t>(steps.size()) == s.steps;
   json report_steps = json::array();
@@ -595,13 +633,18 @@ int run_simulate_processes(const simulate_settings& settings) {
              {"asynchronous", s.asynchronous}, {"pipelined", s.pipelined},
              {"steps", report_steps}, {"processes", processes}, {"restores", restores},
              {"fenced_payloads", fenced}, {"commit_outage_injected", outage_done.load()},
-             {"seconds", total_seconds}, {"all_bit_exact", all_ok}};
+             {"seconds", total_seconds},
+             {"device", {{"requested", requested}, {"description", s.device_description}}},
+             {"stage_devices", stage_devices}, {"all_bit_exact", all_ok}};
     fmt::print("{}\n", out.dump(2));
   } else {
     fmt::print("dcr simulate: {} processes (1 coordinator, {} owners, {} receivers), {:.1f} MB "
                "checkpoint, control plane {}, payload store {}\n",
                children.size(), owners.size(), s.receiver_tp, checkpoint_bytes / 1e6,
                uses_etcd(s) ? s.commit : plane_dir(s), store_dir(s));
+    fmt::print("  device {}: detect, project, tracker update on {}; apply on {}; residual, "
+               "encode, compress, decode, verify on cpu\n",
+               s.device_description, detect_on, apply_on);
     for (const auto& st : report_steps)
       fmt::print("step {:>3}: {:>11} changed  {:>12} payload bytes  {} attempt(s)  {:.3f} s  {}{}\n",
                  st["step"].get<std::uint64_t>(), st["changed_elements"].get<std::uint64_t>(),

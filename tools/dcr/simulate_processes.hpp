@@ -12,6 +12,7 @@
 #include "dcr/sim/moe_engine.hpp"
 #include "dcr/sim/moe_model.hpp"
 #include "dcr/apply/apply.hpp"
+#include "dcr/exec/device.hpp"
 
 namespace dcr_tool {
 
@@ -38,6 +39,10 @@ struct simulate_settings {
   std::string fault = "none";
   std::int64_t fault_step = 2;
   bool json = false;
+  /// Where owners detect and receivers apply (--device); the parent has checked with
+  /// dcr::exec::select_device that it can run here.
+  dcr::exec::device_kind device = dcr::exec::device_kind::cpu;
+  std::string device_description = "cpu";  ///< select_device's description (parent only)
   // Processes.
   std::string commit = "file";  ///< file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory
   std::string store;            ///< payload store directory ("" = in the work directory)

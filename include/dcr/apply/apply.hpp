@@ -44,6 +44,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dcr/apply/apply_backend.hpp"
 #include "dcr/apply/loader.hpp"
 #include "dcr/apply/placement.hpp"
 #include "dcr/apply/sink.hpp"
@@ -166,7 +167,24 @@ class item_applier {
     prewarmed_ = false;
     scratch_.reset(static_cast<std::size_t>(std::max<std::int64_t>(registry_->max_tensor_bytes(), 8)));
     plan_ = compile_placement(*registry_, *loader_, scratch_.data(), scratch_.bytes());
+    if (backend_ != nullptr) backend_->prepare(plan_);
     prewarmed_ = true;
+  }
+
+  /// Runs the compiled path's writes through `backend` from now on (dcr/apply/apply_backend.hpp;
+  /// e.g. into a GPU's copy of the storage); nullptr returns to the CPU loop (the default).
+  /// Validation stays here, before any write. With a backend, apply() refuses the general path
+  /// and post-apply checks (errc::invalid_argument, nothing written): both work on the host
+  /// storage. On a prewarmed applier the backend is prepared with the plan at once. The backend
+  /// must outlive its use.
+  void set_backend(apply_backend* backend) {
+    if (backend != nullptr && prewarmed_) backend->prepare(plan_);  // may throw: keep the old one
+    backend_ = backend;
+  }
+
+  /// Where the compiled path writes: "cpu" or the backend's device().
+  [[nodiscard]] std::string apply_device() const {
+    return backend_ != nullptr ? backend_->device() : std::string("cpu");
   }
 
   /// Whether prewarm() completed.
@@ -209,6 +227,11 @@ class item_applier {
   /// verification_failed after the writes when a post-apply check fails.
   apply_stats apply(std::span<const item> items, const apply_options& options) {
     DCR_EXPECTS(prewarmed_, errc::not_ready, "item_applier::apply: call prewarm() first");
+    DCR_EXPECTS(backend_ == nullptr || (options.path == apply_path::compiled && !options.verify),
+                errc::invalid_argument,
+                "item_applier::apply: the " + backend_->device() +
+                    " apply backend runs the compiled path only, without post-apply checks "
+                    "(the general path and the checks work on the host storage)");
     for (std::size_t k = 0; k < items.size(); ++k) validate(items[k], k);
     std::vector<write_record>* log = options.verify ? &log_ : nullptr;
     log_.clear();
@@ -290,7 +313,7 @@ class item_applier {
         ++stats.skipped_items;
         continue;
       }
-      stats.writes += apply_item_compiled(it, log);
+      stats.writes += backend_ != nullptr ? backend_->apply(it) : apply_item_compiled(it, log);
     }
     return stats;
   }
@@ -364,6 +387,7 @@ class item_applier {
   const tensor_registry* registry_;
   Loader* loader_;
   apply_options options_;
+  apply_backend* backend_ = nullptr;  // null: the compiled path's CPU loop
   detail::aligned_scratch scratch_;
   bool prewarmed_ = false;
   placement_plan plan_;

@@ -15,9 +15,19 @@
 //   location_skips(policy, indices, m, out)                 the location codings' skips
 //   split_byte_planes(policy, words, m, zigzag, planes)     byte planes of the value streams
 //   update_tracker(policy, tracker, local, new_words, m)    after a commit: scatter new words
-//   apply_item_records(policy, records, r, enc, active, m, values)
+//   apply_item_records(policy, records, r, enc, active, m, values, ws)
 //       the per-record apply step (dcr/apply/record.hpp) through r compiled placement records;
 //       returns the writes. The records' dst pointers must be in the policy's memory space.
+//       Workspace: apply_workspace_bytes(policy).
+//
+// Memory of the policy's space, for code written once over the policy (dcr/exec/refit.hpp):
+//   make_buffer<T>(policy, count)             an owning array (host_buffer here, device_buffer
+//                                             on CUDA): data(), size(), as_workspace()
+//   upload(policy, dst, src, count)           policy space <- host; src must stay unchanged
+//                                             until the next download or synchronize
+//   download(policy, dst, src, count)         host <- policy space, after all earlier work of
+//                                             the policy; complete when it returns
+//   synchronize(policy)                       waits for all work enqueued on the policy
 //
 // The generic ones are written once here over `for_each_index(policy, m, op)`, each backend's
 // loop primitive; detect_compact and apply_item_records have one implementation per backend
@@ -33,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <thread>
 #include <type_traits>
@@ -75,6 +86,43 @@ unsigned run_parts(unsigned threads, std::size_t n, std::size_t align, F&& f) {
 }
 
 }  // namespace detail
+
+// ---- the CPU backend's memory: host memory ----------------------------------------------------
+
+/// An owning array of `count` T in host memory (uninitialized), the CPU policy's buffer.
+template <class T>
+class host_buffer {
+ public:
+  explicit host_buffer(std::size_t count)
+      : data_(std::make_unique_for_overwrite<T[]>(count)), count_(count) {}
+  [[nodiscard]] T* data() const noexcept { return data_.get(); }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return count_ * sizeof(T); }
+  [[nodiscard]] workspace as_workspace() const noexcept { return {data_.get(), bytes()}; }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  std::size_t count_;
+};
+
+/// `count` T in the CPU policy's memory space (host memory).
+template <class T>
+host_buffer<T> make_buffer(const cpu_policy&, std::size_t count) {
+  return host_buffer<T>(count);
+}
+
+/// dst <- src, `count` T (both host memory on the CPU policy).
+template <class T>
+void upload(const cpu_policy&, T* dst, const T* src, std::size_t count) {
+  if (count != 0) std::memcpy(dst, src, count * sizeof(T));
+}
+template <class T>
+void download(const cpu_policy&, T* dst, const T* src, std::size_t count) {
+  if (count != 0) std::memcpy(dst, src, count * sizeof(T));
+}
+
+/// The CPU policy runs every step before returning: nothing to wait for.
+inline void synchronize(const cpu_policy&) noexcept {}
 
 // ---- the CPU backend's primitives -------------------------------------------------------------
 
@@ -122,12 +170,15 @@ std::size_t detect_compact(const cpu_policy& policy, const W* tracker, const W* 
   return count;
 }
 
+/// Workspace apply_item_records needs on the CPU: none.
+constexpr std::size_t apply_workspace_bytes(const cpu_policy&) noexcept { return 0; }
+
 /// The per-record apply step on the CPU (dcr::apply_item_records: window by binary search, then
 /// the batched loop). Returns the writes.
 template <storage_word W>
 std::uint64_t apply_item_records(const cpu_policy&, const placement* records, std::size_t r,
                                  encoding enc, const std::uint64_t* active, std::size_t m,
-                                 const W* values) {
+                                 const W* values, workspace = {}) {
   return dcr::apply_item_records<W>(std::span<const placement>(records, r), enc,
                                     std::span<const std::uint64_t>(active, m), values);
 }

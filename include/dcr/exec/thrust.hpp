@@ -76,13 +76,19 @@ std::size_t detect_compact(const thrust_policy<P>& policy, const W* tracker, con
   return count;
 }
 
+/// Thrust allocates what apply_item_records needs itself: no dcr workspace.
+template <class P>
+constexpr std::size_t apply_workspace_bytes(const thrust_policy<P>&) noexcept {
+  return 0;
+}
+
 /// The per-record apply step: per record, its window in `active` by thrust::lower_bound /
 /// upper_bound, then the step for each index of the window, the writes counted by
 /// thrust::transform_reduce.
 template <storage_word W, class P>
 std::uint64_t apply_item_records(const thrust_policy<P>& policy, const placement* records,
                                  std::size_t r, encoding enc, const std::uint64_t* active,
-                                 std::size_t m, const W* values) {
+                                 std::size_t m, const W* values, workspace = {}) {
   std::uint64_t writes = 0;
   for (std::size_t q = 0; q < r; ++q) {
     const placement& p = records[q];

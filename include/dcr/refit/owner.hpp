@@ -34,6 +34,7 @@
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/values.hpp"
 #include "dcr/detect/detect.hpp"
+#include "dcr/refit/detect_backend.hpp"
 #include "dcr/refit/residual.hpp"
 #include "dcr/refit/task.hpp"
 
@@ -88,6 +89,7 @@ class owner {
     validate_task_set(registry, tasks_, residual_);
     trackers_.resize(tasks_.size());
     changed_.resize(tasks_.size());
+    projected_.resize(tasks_.size());
     transition_changed_.resize(tasks_.size());
     gathered_old_.resize(tasks_.size());
     gathered_new_.resize(tasks_.size());
@@ -201,6 +203,25 @@ class owner {
     return b;
   }
 
+  /// Runs the detect stage of the affine tasks, and the projection of what it finds, through
+  /// `backend` from now on (dcr/refit/detect_backend.hpp; e.g. on a GPU); nullptr returns to
+  /// the owner's own CPU loop (the default). Everything else stays here, and the items are bit
+  /// for bit the same. On an initialized owner the backend is initialized with the trackers at
+  /// once. The backend must outlive its use.
+  void set_detect_backend(detect_backend* backend) {
+    if (backend != nullptr && initialized_) {  // may throw: keep the old one
+      std::vector<std::span<const std::byte>> committed(trackers_.begin(), trackers_.end());
+      backend->initialize(tasks_, committed);
+    }
+    detector_ = backend;
+    for (auto& p : projected_) p.valid = false;
+  }
+
+  /// Where the detect stage runs: "cpu" (the owner's own loop) or the backend's device().
+  [[nodiscard]] std::string detect_device() const {
+    return detector_ != nullptr ? detector_->device() : std::string("cpu");
+  }
+
   /// Sets every tracker to the committed words of its task (committed[i] for tasks()[i]) and
   /// every residual input copy to `residual_committed` (flattened, see the file comment), then
   /// builds the residual baseline by converting every residual output from those inputs.
@@ -212,6 +233,7 @@ class owner {
     built_ = false;
     for (std::size_t i = 0; i < tasks_.size(); ++i)
       trackers_[i].assign(committed[i].begin(), committed[i].end());
+    if (detector_ != nullptr) detector_->initialize(tasks_, committed);
     for (std::size_t r = 0; r < residual_.size(); ++r) {
       const auto& task = residual_[r];
       auto& st = residual_state_[r];
@@ -311,23 +333,31 @@ class owner {
       gathered_old_[i].clear();
       gathered_new_[i].clear();
       gathered_[i] = 0;
+      projected_[i].valid = false;
       if (mode == build_mode::dense) {
         changed_[i].resize(tasks_[i].bytes() / dtype_size(tasks_[i].type));
         std::iota(changed_[i].begin(), changed_[i].end(), std::uint64_t{0});
       } else {
-        // One pass: the changed indices and their old and new words.
-        visit_word(dtype_size(tasks_[i].type), [&](auto w) {
-          using W = decltype(w);
-          detect_and_gather<W>(words_of<W>(std::span<const std::byte>(trackers_[i])),
-                               words_of<W>(candidates[i]), changed_[i], gathered_old_[i],
-                               gathered_new_[i]);
-        });
-        gathered_[i] = 1;
+        if (detector_ != nullptr) {
+          detector_->detect(i, candidates[i], changed_[i], projected_[i]);
+          check_projected(i);
+        } else {
+          // One pass: the changed indices and their old and new words.
+          visit_word(dtype_size(tasks_[i].type), [&](auto w) {
+            using W = decltype(w);
+            detect_and_gather<W>(words_of<W>(std::span<const std::byte>(trackers_[i])),
+                                 words_of<W>(candidates[i]), changed_[i], gathered_old_[i],
+                                 gathered_new_[i]);
+          });
+          gathered_[i] = 1;
+        }
         stats_.changed_elements += changed_[i].size();
         unite(transition_changed_[i], changed_[i]);
         if (transition_changed_[i].size() != changed_[i].size()) {
-          changed_[i] = transition_changed_[i];  // a retry: also what earlier attempts sent
+          // An earlier attempt sent more: the union is projected and gathered here.
+          changed_[i] = transition_changed_[i];
           gathered_[i] = 0;
+          projected_[i].valid = false;
         }
       }
       stats_.compared_bytes += candidates[i].size();
@@ -394,6 +424,9 @@ class owner {
         std::memcpy(trackers_[i].data(), candidates[i].data(), candidates[i].size());
       else
         copy_words(trackers_[i], candidates[i], transition_changed_[i], dtype_size(tasks_[i].type));
+      if (detector_ != nullptr)
+        detector_->commit(i, candidates[i], transition_changed_[i],
+                          last_mode_ == build_mode::dense);
     }
     for (std::size_t r = 0; r < residual_.size(); ++r) {
       const auto& task = residual_[r];
@@ -632,11 +665,22 @@ class owner {
             r->delta_encodable = r->delta_encodable && task.delta_encodable;
             part_records_[p] = r;
           }
+          // Coordinates the detect backend projected (check_projected vetted them), or m(j).
+          // Groups of changed[k0 .. k1) landing at d.index + changed[k] - j0 in part d.part: one
+          // element each from the backend, whole mapping runs otherwise.
+          const projected_changes* const pc = projected_[i].valid ? &projected_[i] : nullptr;
+          const auto for_each_group = [&](auto&& f) {
+            if (pc == nullptr) return for_each_mapped_run(m, changed, f);
+            for (std::size_t k = 0; k < changed.size(); ++k)
+              f(k, k + 1, mapped_index{pc->part.empty() ? 0u : pc->part[k], pc->index[k]},
+                changed[k]);
+          };
           if (task.targets.size() == 1) {
             part_fill_[0] = changed.size();
           } else {
-            for_each_mapped_run(m, changed, [&](std::size_t k0, std::size_t k1, mapped_index d,
-                                                std::uint64_t) { part_fill_[d.part] += k1 - k0; });
+            for_each_group([&](std::size_t k0, std::size_t k1, mapped_index d, std::uint64_t) {
+              part_fill_[d.part] += k1 - k0;
+            });
           }
           for (std::size_t p = 0; p < task.targets.size(); ++p) {
             record_buffer& r = *part_records_[p];
@@ -652,8 +696,7 @@ class owner {
             const W* candidate_words = reinterpret_cast<const W*>(candidate.data());
             const W* gathered_old = reinterpret_cast<const W*>(gathered_old_[i].data());
             const W* gathered_new = reinterpret_cast<const W*>(gathered_new_[i].data());
-            for_each_mapped_run(m, changed, [&](std::size_t k0, std::size_t k1, mapped_index d,
-                                                std::uint64_t j0) {
+            for_each_group([&](std::size_t k0, std::size_t k1, mapped_index d, std::uint64_t j0) {
               record_buffer& r = *part_records_[d.part];
               const std::size_t at = part_fill_[d.part];
               part_fill_[d.part] += k1 - k0;
@@ -675,6 +718,21 @@ class owner {
           });
         },
         task.mapping);
+  }
+
+  // A detect backend's answer for task i must have the shape the owner relies on: one canonical
+  // index (and, for a multi-part task, one part below the part count) per changed index.
+  void check_projected(std::size_t i) const {
+    const projected_changes& p = projected_[i];
+    if (!p.valid) return;
+    const std::size_t n = changed_[i].size(), parts = tasks_[i].targets.size();
+    bool ok = p.index.size() == n && (p.part.size() == n || (parts == 1 && p.part.empty()));
+    for (std::size_t k = 0; ok && k < p.part.size(); ++k) ok = p.part[k] < parts;
+    DCR_EXPECTS(ok, errc::invalid_argument,
+                "owner: detect backend '" + detector_->device() + "' projected task '" +
+                    tasks_[i].shard_name + "' inconsistently (" + std::to_string(p.index.size()) +
+                    " indices, " + std::to_string(p.part.size()) + " parts for " +
+                    std::to_string(n) + " changes)");
   }
 
   void check_inputs(std::span<const std::span<const std::byte>> shards, const char* what) const {
@@ -712,6 +770,8 @@ class owner {
   std::vector<residual_task> residual_;
   std::vector<std::vector<std::byte>> trackers_;
   std::vector<std::vector<std::uint64_t>> changed_;  // per task: local indices of this build
+  std::vector<projected_changes> projected_;  // per task: changed_'s coordinates from detector_
+  detect_backend* detector_ = nullptr;        // null: detect_changes on this thread
   std::vector<std::vector<std::uint64_t>> transition_changed_;  // per task: union, this transition
   std::vector<std::vector<std::byte>> gathered_old_, gathered_new_;  // per task: words of changed_
   std::vector<std::uint8_t> gathered_;  // per task: gathered_old_/new_ hold changed_'s words

@@ -77,6 +77,12 @@ class receiver final : public receiver_endpoint {
   /// dcr cannot apply through.
   void prewarm() { applier_.prewarm(); }
 
+  /// Runs the compiled path's writes through `backend` (e.g. a GPU holding this rank's weights;
+  /// see item_applier::set_backend and dcr/apply/apply_backend.hpp); nullptr: the CPU loop.
+  void set_apply_backend(apply_backend* backend) { applier_.set_backend(backend); }
+  /// Where the compiled path writes: "cpu" or the backend's device().
+  [[nodiscard]] std::string apply_device() const { return applier_.apply_device(); }
+
   /// The apply options used by apply_payload(bytes); switchable between payloads (per refit).
   [[nodiscard]] const apply_options& options() const noexcept { return applier_.options(); }
   void set_options(const apply_options& options) noexcept { applier_.set_options(options); }

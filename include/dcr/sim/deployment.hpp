@@ -120,6 +120,8 @@ class in_process_deployment {
   [[nodiscard]] memory_control_plane& plane() { return driver_->plane(); }
   [[nodiscard]] std::size_t owner_count() const noexcept { return owners_.size(); }
   [[nodiscard]] const owner& owner_at(std::size_t k) const { return *owners_.at(k); }
+  /// Owner k, e.g. to install a detect backend after start() (owner::set_detect_backend).
+  [[nodiscard]] owner& owner_at(std::size_t k) { return *owners_.at(k); }
   [[nodiscard]] std::size_t receiver_count() const noexcept { return receivers_.size(); }
   [[nodiscard]] engine_receiver& receiver_at(std::size_t r) { return receivers_.at(r)->rx; }
   [[nodiscard]] moe_engine_storage& storage_at(std::size_t r) { return receivers_.at(r)->storage; }

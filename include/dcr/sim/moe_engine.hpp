@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -146,6 +147,14 @@ class moe_engine_storage {
                     std::to_string(sizeof(W)) + "-byte ones");
     return tensor_view<W>::contiguous(reinterpret_cast<W*>(it->second.bytes.data()),
                                       it->second.shape);
+  }
+
+  /// Every parameter's bytes (the buffers the loader's views point into; what a device copy of
+  /// this rank's storage mirrors, dcr::exec::policy_apply_backend).
+  [[nodiscard]] std::vector<std::span<std::byte>> buffers() {
+    std::vector<std::span<std::byte>> out;
+    for (auto& [name, p] : params_) out.emplace_back(p.bytes);
+    return out;
   }
 
   /// Sets every stored byte to `sentinel` (fresh storage for a dense reference load).

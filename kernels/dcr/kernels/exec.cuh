@@ -161,6 +161,38 @@ std::size_t select_temp_bytes(std::size_t n, cudaStream_t stream) {
 
 }  // namespace detail
 
+// ---- memory of the policy's space (what code written once over the policy uses) ----------------
+
+/// `count` T of device memory from the policy's resource (dcr/exec/algorithms.hpp: make_buffer).
+template <class T>
+device_buffer<T> make_buffer(const cuda_policy& policy, std::size_t count) {
+  return device_buffer<T>(policy, count);
+}
+
+/// Enqueues dst (device) <- src (host), `count` T, on policy.stream. src must stay unchanged
+/// until the next download or synchronize on the policy (from pageable memory the runtime has
+/// staged it when this returns; from pinned memory the copy is truly asynchronous).
+template <class T>
+void upload(const cuda_policy& policy, T* dst, const T* src, std::size_t count) {
+  if (count != 0)
+    DCR_CUDA_TRY(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyHostToDevice,
+                                 policy.stream));
+}
+
+/// dst (host) <- src (device), `count` T, after everything enqueued on policy.stream; waits.
+template <class T>
+void download(const cuda_policy& policy, T* dst, const T* src, std::size_t count) {
+  if (count != 0)
+    DCR_CUDA_TRY(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToHost,
+                                 policy.stream));
+  DCR_CUDA_TRY(cudaStreamSynchronize(policy.stream));
+}
+
+/// Waits for everything enqueued on policy.stream.
+inline void synchronize(const cuda_policy& policy) {
+  DCR_CUDA_TRY(cudaStreamSynchronize(policy.stream));
+}
+
 /// The count an `*_async` step left in device memory at `d_count`: copies it back and waits for
 /// policy.stream.
 inline std::size_t wait_count(const cuda_policy& policy, const std::size_t* d_count) {
