@@ -10,7 +10,16 @@
 // Between items, while nothing is queued, the stage runs the optional `idle()` work (e.g.
 // mapping pages in ahead of the producer) until it returns false; wake_idle() says there is
 // idle work again. The first exception thrown by `work` is kept and rethrown by the next
-// submit() or drain(); items queued after it are dropped. Memory stays bounded by depth items.
+// submit() or drain(); items queued after it are dropped, and so is pending idle work (call
+// wake_idle() again to resume it). discard() ends a use of the stage whatever happened: it
+// drops queued items and pending idle work, waits for the current item and for an idle() call
+// in progress, and forgets the error, so once it returns the stage's thread touches nothing the
+// producer handed it (the data that idle() reads may then be released). Memory stays bounded by
+// depth items.
+//
+// The stage's thread starts on the first submit() or wake_idle(); a stage that is never used
+// starts none. The destructor drops what is queued, lets the current item or idle step finish
+// and joins the thread.
 #pragma once
 
 #include <chrono>
@@ -71,13 +80,14 @@ class pipeline_stage {
     rethrow(lock);
   }
 
-  /// Drops queued items, waits for the current one, and forgets any error (the stage can be
-  /// used again). Never throws.
+  /// Drops queued items and pending idle work, waits for the current item and for an idle()
+  /// call in progress, and forgets any error (the stage can be used again). Never throws.
   void discard() noexcept {
     std::unique_lock lock(mutex_);
     in_flight_ -= queue_.size();
     queue_.clear();
-    room_.wait(lock, [&] { return in_flight_ == 0; });
+    idle_pending_ = false;
+    room_.wait(lock, [&] { return in_flight_ == 0 && !idle_running_; });
     error_ = nullptr;
     room_.notify_all();
   }
@@ -113,6 +123,7 @@ class pipeline_stage {
       wake_.wait(lock, [&] { return stop_ || !queue_.empty() || idle_pending_; });
       if (stop_) return;
       if (queue_.empty()) {  // idle work fills the time between items
+        idle_running_ = true;
         lock.unlock();
         bool more = false;
         try {
@@ -121,7 +132,9 @@ class pipeline_stage {
           more = false;  // idle work is a hint; its failures are the producer's to meet
         }
         lock.lock();
+        idle_running_ = false;
         if (!more) idle_pending_ = false;
+        room_.notify_all();  // discard() waits for the idle step to end
         continue;
       }
       T item = std::move(queue_.front());
@@ -143,6 +156,7 @@ class pipeline_stage {
           error_ = failure;
           in_flight_ -= queue_.size();  // what was queued after the failure is dropped
           queue_.clear();
+          idle_pending_ = false;  // and the idle work, which only served the items to come
         }
       }
       --in_flight_;
@@ -159,6 +173,7 @@ class pipeline_stage {
   std::size_t in_flight_ = 0;
   bool stop_ = false;
   bool idle_pending_ = false;
+  bool idle_running_ = false;  // the thread is in idle()
   std::exception_ptr error_;
   double wait_seconds_ = 0, busy_seconds_ = 0;
   std::thread thread_;
