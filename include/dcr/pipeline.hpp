@@ -7,9 +7,11 @@
 // submission order. At most `depth` items are in flight (queued or being worked on): submit()
 // blocks until there is room, which throttles the producer when the stage falls behind, and so
 // a producer that cycles through depth + 1 buffers never writes one the stage still reads.
-// Between items, while nothing is queued, the stage runs the optional `idle()` work (e.g.
-// mapping pages in ahead of the producer) until it returns false; wake_idle() says there is
-// idle work again. The first exception thrown by `work` is kept and rethrown by the next
+// Between items, while nothing is queued and no producer waits in submit(), the stage runs
+// the optional `idle()` work (e.g. mapping pages in ahead of the producer) until it returns
+// false; wake_idle() says there is idle work again. An item a producer is about to queue goes
+// first: the stage does not start an idle step in the moment between finishing an item and
+// receiving the one a blocked producer hands over. The first exception thrown by `work` is kept and rethrown by the next
 // submit() or drain(); items queued after it are dropped, and so is pending idle work (call
 // wake_idle() again to resume it). discard() ends a use of the stage whatever happened: it
 // drops queued items and pending idle work, waits for the current item and for an idle() call
@@ -63,7 +65,10 @@ class pipeline_stage {
     const auto t0 = std::chrono::steady_clock::now();
     std::unique_lock lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    ++submitting_;  // the item comes next: no idle step starts meanwhile
     room_.wait(lock, [&] { return in_flight_ < depth_ || error_; });
+    --submitting_;
+    if (error_) wake_.notify_all();  // idle work may go on once this producer has left
     rethrow(lock);
     queue_.push_back(std::move(item));
     ++in_flight_;
@@ -120,7 +125,9 @@ class pipeline_stage {
   void loop() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      wake_.wait(lock, [&] { return stop_ || !queue_.empty() || idle_pending_; });
+      wake_.wait(lock, [&] {
+        return stop_ || !queue_.empty() || (idle_pending_ && submitting_ == 0);
+      });
       if (stop_) return;
       if (queue_.empty()) {  // idle work fills the time between items
         idle_running_ = true;
@@ -171,6 +178,7 @@ class pipeline_stage {
   std::condition_variable wake_, room_;
   std::deque<T> queue_;
   std::size_t in_flight_ = 0;
+  std::size_t submitting_ = 0;  // producers waiting in submit() for room
   bool stop_ = false;
   bool idle_pending_ = false;
   bool idle_running_ = false;  // the thread is in idle()

@@ -114,6 +114,40 @@ TEST_CASE("pipeline_stage: idle work between items, cancelled by a failure and b
   CHECK(idle_steps == after_failure);
 }
 
+TEST_CASE("pipeline_stage: an item a producer is handing over goes before idle work") {
+  std::mutex m;
+  std::vector<std::string> log;
+  std::atomic<bool> started{false};
+  const auto note = [&](std::string what) {
+    std::lock_guard lock(m);
+    log.push_back(std::move(what));
+  };
+  pipeline_stage<int> stage(
+      1,
+      [&](int& x) {
+        note("start " + std::to_string(x));
+        started = true;
+        if (x == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        note("end " + std::to_string(x));
+      },
+      [&] {
+        note("idle");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return true;
+      });
+  stage.submit(0);
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  stage.wake_idle();
+  stage.submit(1);  // waits for item 0; no idle step may start in between
+  stage.drain();
+  stage.discard();
+  std::lock_guard lock(m);
+  const auto end0 = std::find(log.begin(), log.end(), "end 0");
+  REQUIRE(end0 != log.end());
+  REQUIRE(end0 + 1 != log.end());
+  CHECK(*(end0 + 1) == "start 1");
+}
+
 TEST_CASE("pipeline_stage: an unused stage starts no thread; destruction joins") {
   { pipeline_stage<int> unused(1, [](int&) {}); }
   std::atomic<bool> started{false}, finished{false};
