@@ -7,10 +7,21 @@
 // submission order. At most `depth` items are in flight (queued or being worked on): submit()
 // blocks until there is room, which throttles the producer when the stage falls behind, and so
 // a producer that cycles through depth + 1 buffers never writes one the stage still reads.
-// Between items, while nothing is queued, the stage runs the optional `idle()` work (e.g.
-// mapping pages in ahead of the producer) until it returns false; wake_idle() says there is
-// idle work again. The first exception thrown by `work` is kept and rethrown by the next
-// submit() or drain(); items queued after it are dropped. Memory stays bounded by depth items.
+// Between items, while nothing is queued and no producer waits in submit(), the stage runs
+// the optional `idle()` work (e.g. mapping pages in ahead of the producer) until it returns
+// false; wake_idle() says there is idle work again. An item a producer is about to queue goes
+// first: the stage does not start an idle step in the moment between finishing an item and
+// receiving the one a blocked producer hands over. The first exception thrown by `work` is kept and rethrown by the next
+// submit() or drain(); items queued after it are dropped, and so is pending idle work (call
+// wake_idle() again to resume it). discard() ends a use of the stage whatever happened: it
+// drops queued items and pending idle work, waits for the current item and for an idle() call
+// in progress, and forgets the error, so once it returns the stage's thread touches nothing the
+// producer handed it (the data that idle() reads may then be released). Memory stays bounded by
+// depth items.
+//
+// The stage's thread starts on the first submit() or wake_idle(); a stage that is never used
+// starts none. The destructor drops what is queued, lets the current item or idle step finish
+// and joins the thread.
 #pragma once
 
 #include <chrono>
@@ -54,7 +65,10 @@ class pipeline_stage {
     const auto t0 = std::chrono::steady_clock::now();
     std::unique_lock lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    ++submitting_;  // the item comes next: no idle step starts meanwhile
     room_.wait(lock, [&] { return in_flight_ < depth_ || error_; });
+    --submitting_;
+    if (error_) wake_.notify_all();  // idle work may go on once this producer has left
     rethrow(lock);
     queue_.push_back(std::move(item));
     ++in_flight_;
@@ -71,13 +85,14 @@ class pipeline_stage {
     rethrow(lock);
   }
 
-  /// Drops queued items, waits for the current one, and forgets any error (the stage can be
-  /// used again). Never throws.
+  /// Drops queued items and pending idle work, waits for the current item and for an idle()
+  /// call in progress, and forgets any error (the stage can be used again). Never throws.
   void discard() noexcept {
     std::unique_lock lock(mutex_);
     in_flight_ -= queue_.size();
     queue_.clear();
-    room_.wait(lock, [&] { return in_flight_ == 0; });
+    idle_pending_ = false;
+    room_.wait(lock, [&] { return in_flight_ == 0 && !idle_running_; });
     error_ = nullptr;
     room_.notify_all();
   }
@@ -110,9 +125,12 @@ class pipeline_stage {
   void loop() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      wake_.wait(lock, [&] { return stop_ || !queue_.empty() || idle_pending_; });
+      wake_.wait(lock, [&] {
+        return stop_ || !queue_.empty() || (idle_pending_ && submitting_ == 0);
+      });
       if (stop_) return;
       if (queue_.empty()) {  // idle work fills the time between items
+        idle_running_ = true;
         lock.unlock();
         bool more = false;
         try {
@@ -121,7 +139,9 @@ class pipeline_stage {
           more = false;  // idle work is a hint; its failures are the producer's to meet
         }
         lock.lock();
+        idle_running_ = false;
         if (!more) idle_pending_ = false;
+        room_.notify_all();  // discard() waits for the idle step to end
         continue;
       }
       T item = std::move(queue_.front());
@@ -143,6 +163,7 @@ class pipeline_stage {
           error_ = failure;
           in_flight_ -= queue_.size();  // what was queued after the failure is dropped
           queue_.clear();
+          idle_pending_ = false;  // and the idle work, which only served the items to come
         }
       }
       --in_flight_;
@@ -157,8 +178,10 @@ class pipeline_stage {
   std::condition_variable wake_, room_;
   std::deque<T> queue_;
   std::size_t in_flight_ = 0;
+  std::size_t submitting_ = 0;  // producers waiting in submit() for room
   bool stop_ = false;
   bool idle_pending_ = false;
+  bool idle_running_ = false;  // the thread is in idle()
   std::exception_ptr error_;
   double wait_seconds_ = 0, busy_seconds_ = 0;
   std::thread thread_;

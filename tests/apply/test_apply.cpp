@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dcr/apply/apply.hpp"
@@ -201,6 +202,109 @@ TEST_CASE("cast copies: overwrite stores cast(new bits), xor/ulp are refused") {
       std::vector<item> o{f.changes_of(ln, encoding::overwrite)};
       f.applier.apply(o, {path, true});
       CHECK(f.loader.storage() == f.dense_with_new({ln}));
+    }
+  }
+}
+
+namespace {
+
+/// "w" (bf16 [4, 8]) split by rows over `world` ranks, each rank keeping its rows twice: as
+/// bf16 and, through a cast copy, as f32; "n" (bf16 [8]) replicated, copied as is. With 4 rows
+/// over 5 ranks, rank 4's share of "w" is empty, and its loader still issues both copies (with
+/// zero elements), as an engine's loader slicing its share does.
+struct empty_share_loader {
+  using loader_concept = dcr::loader_tag;
+  int world = 5, rank = 0;
+  std::vector<std::uint16_t> rows = std::vector<std::uint16_t>(32, 0);
+  std::vector<std::uint32_t> rows_f32 = std::vector<std::uint32_t>(32, 0);
+  std::vector<std::uint16_t> norm = std::vector<std::uint16_t>(8, 0);
+
+  bool operator==(const empty_share_loader& o) const {
+    return rows == o.rows && rows_f32 == o.rows_f32 && norm == o.norm;
+  }
+
+  template <dcr::storage_word W, class Sink>
+  void load(const dcr::canonical_tensor& t, dcr::tensor_view<const W> src, Sink& sink) {
+    if constexpr (std::is_same_v<W, std::uint16_t>) {
+      if (t.name == "n") return sink.copy(dcr::tensor_view<W>::contiguous(norm.data(), {8}), src);
+      const auto r = dcr::balanced_split(4, world, rank);
+      const auto mine = src.slice(0, r.begin, r.size());
+      sink.copy(dcr::tensor_view<W>::contiguous(rows.data(), {r.size(), 8}), mine);
+      sink.copy(dcr::tensor_view<std::uint32_t>::contiguous(rows_f32.data(), {r.size(), 8}), mine,
+                dcr::element_transform::cast(dtype::bf16, dtype::f32));
+    } else {
+      sink.skip(t);  // the registry holds bf16 tensors only
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an empty share's zero-element cast copy sets no condition: both paths agree") {
+  // 4 rows over 5 ranks. A rank holding rows of "w" takes it as overwrite only (its cast copy
+  // does not preserve bits) and both paths refuse xor/ulp items of it before any write. Rank 4
+  // holds none: its empty copies place no element, so the cast sets no condition there. Both
+  // paths accept the xor/ulp item and write nothing, which is what a dense load writes.
+  const tensor_registry reg({{"w", dtype::bf16, {4, 8}}, {"n", dtype::bf16, {8}}});
+  const auto w = reg.id("w"), n = reg.id("n");
+  std::mt19937_64 rng(45);
+  const model_versions m = dcr_test::random_versions(rng, reg, 1.0);
+  const auto all = [&](tensor_id id) {
+    std::vector<std::uint64_t> idx(m.old_words[id].size());
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    return idx;
+  };
+  const auto item_of = [&](tensor_id id, encoding enc) {
+    return dcr_test::hand_item(id, reg.at(id), enc, all(id), m);
+  };
+  for (int rank = 0; rank < 5; ++rank) {
+    const auto share = dcr::balanced_split(4, 5, rank).size();
+    const bool holds = share > 0;
+    CAPTURE(rank);
+    empty_share_loader dense{5, rank};
+    item_applier<empty_share_loader> dense_ap(reg, dense);
+    dcr_test::dense_load_all(dense_ap, reg, m.new_words);
+    for (apply_path path : both_paths) {
+      CAPTURE(static_cast<int>(path));
+      empty_share_loader l{5, rank};
+      item_applier<empty_share_loader> ap(reg, l, {path, false});
+      dcr_test::dense_load_all(ap, reg, m.old_words);
+      ap.prewarm();
+      const auto& rep = ap.plan().at(w);
+      CHECK(rep.copies == 2);
+      CHECK(rep.elements == static_cast<std::uint64_t>(2 * 8 * share));
+      CHECK(rep.overwrite_only == holds);
+      CHECK(ap.plan().overwrite_only_tensors().size() == (holds ? 1u : 0u));
+      CHECK_FALSE(ap.plan().overwrite_only(n));
+      for (encoding enc : dcr_test::supported_encodings()) {
+        if (enc == encoding::overwrite) continue;
+        CAPTURE(static_cast<int>(enc));
+        std::vector<item> items{item_of(n, encoding::xor_mask), item_of(w, enc)};
+        const empty_share_loader before = l;
+        if (holds) {
+          CHECK(code_of([&] { ap.apply(items, {path, true}); }) == errc::unsupported_loader_path);
+          CHECK(message_of([&] { ap.apply(items, {path, true}); }).find("'w'") != std::string::npos);
+          CHECK(l == before);
+        } else {
+          const auto s = ap.apply(items, {path, true});
+          CHECK(s.items == 2);
+          CHECK(s.writes == 8);  // all of "n", nothing of "w"
+          CHECK(s.verified == s.writes);
+          CHECK(s.skipped_items == 0);
+          CHECK(l.rows == before.rows);
+          CHECK(l.rows_f32 == before.rows_f32);
+          CHECK(l == dense);
+          // Back to the old bits of "n" for the next encoding (xor is its own inverse).
+          std::vector<item> undo{item_of(n, encoding::xor_mask)};
+          ap.apply(undo, {path, false});
+        }
+      }
+      // Overwrite items go through on every rank and give the dense refit.
+      std::vector<item> ow{item_of(n, encoding::xor_mask), item_of(w, encoding::overwrite)};
+      const auto s = ap.apply(ow, {path, true});
+      CHECK(s.writes == static_cast<std::uint64_t>(8 + 2 * 8 * share));
+      CHECK(s.verified == s.writes);
+      CHECK(l == dense);
     }
   }
 }

@@ -32,8 +32,13 @@
 //     overwrite-only, and exactness relies on the checkpoint keeping them bit-equal, as tied
 //     weights are. Anything else (two different indices, or partially overlapping words) is an
 //     error naming both tensors: no delta can reproduce a dense load's "last write wins".
-// A tensor is overwrite-only (xor/ulp records refused) when any of its copies has a transform
-// other than the identity, or it takes part in a repeated write or a tie; the plan reports why.
+// A tensor is overwrite-only (xor/ulp records refused) when any of its non-empty copies has a
+// transform other than the identity, or it takes part in a repeated write or a tie; the plan
+// reports why. An empty copy (a rank whose share of the tensor is empty, e.g. 4 rows over 5
+// ranks, whose loader still issues the zero-element copy) places no element and records no
+// placement: it is checked like any copy (shapes, transform dtypes, copy after skip) but sets no
+// bit-preservation condition, so it never makes a tensor overwrite-only. The general path's
+// delta_sink follows the same rule, so both paths accept and refuse the same items.
 //
 // Records are trivially copyable and hold raw storage pointers: a plan is valid while the
 // engine's storage stays where it was at prewarm (prewarm again after the engine reallocates or

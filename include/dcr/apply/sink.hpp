@@ -24,7 +24,8 @@
 //
 // Both sinks accept the transformed copy `copy(dst, src, transform)` (dcr/apply/transform.hpp):
 // dense_sink stores transform(word) for every element; delta_sink stores transform(value) for
-// overwrite records and refuses xor/ulp records on a copy that does not preserve bits.
+// overwrite records and refuses xor/ulp records on a non-empty copy that does not preserve bits
+// (an empty copy, e.g. of a rank whose share is empty, writes nothing and is not refused).
 #pragma once
 
 #include <algorithm>
@@ -303,8 +304,9 @@ enum class delta_pass : std::uint8_t { check, write };
 /// per-element rule comes from the encoding's policy type in dcr/codec/values.hpp).
 /// For each copy(dst, src[, transform]) the sink
 ///   1. rejects (errc::unsupported_loader_path, naming the tensor) a src that is not a
-///      non-overlapping strided view lying inside the bound scratch tensor, and a transform that
-///      does not preserve bits on an item whose encoding needs committed bits (xor, ulp);
+///      non-overlapping strided view lying inside the bound scratch tensor, and a non-empty
+///      copy through a transform that does not preserve bits on an item whose encoding needs
+///      committed bits (xor, ulp); an empty copy places nothing and sets no such condition;
 ///   2. narrows the active list to the view's address window by binary search;
 ///   3. for each active index in the window, decomposes its offset over the src strides and,
 ///      if it is an element of the view, updates the dst element at the same coordinates
@@ -366,14 +368,18 @@ class delta_sink {
     detail::check_copy_after_skip(current_);
     detail::check_copy_shapes(current_, dst, src);
     check_transform<W, D>(transform, type_, detail::copy_where(current_));
+    // An empty copy (a rank whose share of the tensor is empty) places no element: nothing to
+    // locate, nothing outside the tensor, and no bits to preserve, so its transform does not
+    // make the tensor overwrite-only (as in compile_placement, which records no placement for
+    // it; both paths must accept and refuse the same items).
+    if (src.size() == 0) {
+      ++current_.copies;
+      return;
+    }
     DCR_EXPECTS(transform.preserves_bits() || !needs_bits_, errc::unsupported_loader_path,
                 detail::copy_where(current_) + " applies " + transform_name(transform) +
                     ", which does not preserve bits: the tensor takes overwrite records only, "
                     "not " + encoding_name());
-    if (src.size() == 0) {  // no elements: nothing to locate, nothing outside the tensor
-      ++current_.copies;
-      return;
-    }
     const auto c = detail::locate_copy(current_, base_, numel_, dst, src);
     ++current_.copies;
     const auto lo = std::lower_bound(active_.begin(), active_.end(),

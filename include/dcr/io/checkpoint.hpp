@@ -24,19 +24,15 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <exception>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -53,6 +49,7 @@
 #include "dcr/io/delta.hpp"
 #include "dcr/io/file.hpp"
 #include "dcr/io/safetensors.hpp"
+#include "dcr/pipeline.hpp"
 
 namespace dcr::io {
 
@@ -187,9 +184,10 @@ struct tensor_digests {
 };
 
 /// Diffs checkpoints into payloads, and files into delta files. Owns the scratch, the codec
-/// contexts, two pools of items (payload slots) and, with options().worker_thread, one worker
-/// thread (started by the first diff, joined by the destructor): a reused differ allocates
-/// nothing once warm. Not copyable or movable; one diff at a time.
+/// contexts, two pools of items (payload slots) and, with options().worker_thread, one
+/// dcr::pipeline_stage of depth 1 (dcr/pipeline.hpp) whose thread starts with the first payload
+/// or prefetch and is joined by the destructor: a reused differ allocates nothing once warm.
+/// Not copyable or movable; one diff at a time.
 ///
 /// The calling thread scans tensor by tensor in 128 KiB chunks of each checkpoint: digests the
 /// chunks (when asked), then compares and gathers them (detect_and_gather) while they are in
@@ -197,25 +195,26 @@ struct tensor_digests {
 /// chooses each item's encoding, turns the gathered words into values in place, encodes and
 /// compresses the payload and hands it to the caller's sink, while the scan fills the other
 /// slot. Between payloads the worker of a diff of files maps the files' pages in ahead of the
-/// scan. Without a worker the calling thread does it all, in the same order.
+/// scan (the stage's idle work). Without a worker the calling thread does it all, in the same
+/// order. An error on the worker (encoder, `on_payload`) is rethrown, as thrown, on the calling
+/// thread by the next hand-over or the end of the diff.
 class checkpoint_differ {
  public:
   explicit checkpoint_differ(diff_options options = {})
-      : options_(options), codec_(codec_with_level(options.zstd_level)), encoder_(codec_) {
+      : options_(options),
+        codec_(codec_with_level(options.zstd_level)),
+        encoder_(codec_),
+        // Depth 1 with two slots: the worker holds at most one slot (queued or being encoded)
+        // while the scan fills the other, so raw records stay within two payloads.
+        stage_(1, [this](std::size_t& slot_index) { encode_slot(slots_[slot_index]); },
+               [this] { return prefault_step(); }) {
     DCR_EXPECTS(options.payload_records > 0, errc::invalid_argument,
                 "diff: payload_records must be positive");
   }
   checkpoint_differ(const checkpoint_differ&) = delete;
   checkpoint_differ& operator=(const checkpoint_differ&) = delete;
-  ~checkpoint_differ() {
-    if (!worker_.joinable()) return;
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_worker_.notify_all();
-    worker_.join();
-  }
+  /// Joins the worker thread (the stage is the last member, so it goes first).
+  ~checkpoint_differ() = default;
 
   [[nodiscard]] const diff_options& options() const noexcept { return options_; }
 
@@ -319,10 +318,7 @@ class checkpoint_differ {
       // The digests stay on this thread: each chunk is digested while in cache for the compare,
       // where digesting it again from memory on the worker would cost more than it saves.
       const bool digest = !digests.empty();
-      if (options_.worker_thread) {
-        start_worker();
-        if (prefault) start_prefault(tensors);
-      }
+      if (options_.worker_thread && prefault) start_prefault(tensors);
       for (tensor_id id = 0; id < registry.size(); ++id) {
         const canonical_tensor& t = registry.tensors()[id];
         if (digest) {
@@ -370,7 +366,6 @@ class checkpoint_differ {
     std::size_t used = 0;
     std::size_t records = 0;  // of the closed items
     std::uint32_t sequence = 0;
-    bool busy = false;  // queued for or being encoded by the worker
   };
 
   struct worker_stats {
@@ -455,27 +450,20 @@ class checkpoint_differ {
   }
 
   // Hands the slot being filled to the worker (or encodes it here) and makes the other slot
-  // the one being filled, once it is free.
+  // the one being filled. The stage's depth of 1 makes submit wait until the worker is done
+  // with the other slot (the previous payload), so it is free once this returns; a pending
+  // error of the worker is rethrown instead.
   void submit() {
     slot& s = slots_[filling_];
     s.sequence = sequence_++;
+    const auto t0 = detail::clock::now();
     if (!options_.worker_thread) {
-      const auto t0 = detail::clock::now();
       encode_slot(s);
       caller_work_seconds_ += detail::seconds_since(t0);
       return;
     }
-    const auto t0 = detail::clock::now();
-    {
-      std::unique_lock lock(mutex_);
-      rethrow_worker_error(lock);
-      s.busy = true;
-      queue_[queued_++ % 2] = filling_;  // FIFO of at most two
-      wake_worker_.notify_all();
-      filling_ ^= 1;
-      slot_free_.wait(lock, [&] { return !slots_[filling_].busy || worker_error_; });
-      rethrow_worker_error(lock);
-    }
+    stage_.submit(filling_);
+    filling_ ^= 1;
     wait_seconds_ += detail::seconds_since(t0);
   }
 
@@ -483,45 +471,29 @@ class checkpoint_differ {
   void wait_idle() {
     if (!options_.worker_thread) return;
     const auto t0 = detail::clock::now();
-    std::unique_lock lock(mutex_);
-    slot_free_.wait(lock, [&] { return taken_ == queued_ || worker_error_; });
-    rethrow_worker_error(lock);
+    stage_.drain();
     wait_seconds_ += detail::seconds_since(t0);
   }
 
-  void rethrow_worker_error(std::unique_lock<std::mutex>&) {
-    if (!worker_error_) return;
-    std::rethrow_exception(std::exchange(worker_error_, nullptr));
-  }
+  // After a call, normal or not: the worker drops what is queued and the prefetch, finishes
+  // what it is doing and forgets any error, so the differ can be used again and the call's
+  // arguments are no longer touched.
+  void settle_worker() noexcept { stage_.discard(); }
 
-  // After a call, normal or not: the worker drops what is queued, finishes what it is doing and
-  // forgets any error, so the differ can be used again.
-  void settle_worker() noexcept {
-    if (!worker_.joinable()) return;
-    std::unique_lock lock(mutex_);
-    discard_ = true;
-    wake_worker_.notify_all();
-    slot_free_.wait(lock, [&] { return !worker_busy_; });
-    taken_ = queued_;
-    for (auto& s : slots_) s.busy = false;
-    prefault_pending_ = false;
-    discard_ = false;
-    worker_error_ = nullptr;
-  }
-
-  // Gives the worker the pages of every tensor to map in, as background work.
+  // Gives the worker the pages of every tensor to map in, as the stage's idle work. The state
+  // below is written here before wake_idle() and read only by the stage's thread until the
+  // next discard(), which waits for the idle step in progress.
   void start_prefault(std::span<const tensor_pair> tensors) {
-    std::lock_guard lock(mutex_);
     prefault_tensors_ = tensors;
     prefault_id_ = 0;
     prefault_at_ = 0;
-    prefault_pending_ = !tensors.empty();
-    wake_worker_.notify_all();
+    if (!tensors.empty()) stage_.wake_idle();
   }
 
-  // One step of the background mapping (worker thread, lock not held): the next
+  // One step of the background mapping (stage thread, between payloads): the next
   // prefault_step_bytes of the current tensor in both checkpoints. Returns whether there is more.
   bool prefault_step() noexcept {
+    if (prefault_id_ >= prefault_tensors_.size()) return false;
     const tensor_pair& p = prefault_tensors_[prefault_id_];
     const std::size_t len = std::min(prefault_step_bytes, p.old_bytes.size() - prefault_at_);
     prefault(p.old_bytes.subspan(prefault_at_, len));
@@ -530,51 +502,6 @@ class checkpoint_differ {
     if (prefault_at_ < p.old_bytes.size()) return true;
     prefault_at_ = 0;
     return ++prefault_id_ < prefault_tensors_.size();
-  }
-
-  void start_worker() {
-    if (worker_.joinable()) return;
-    worker_ = std::thread([this] { worker_loop(); });
-  }
-
-  void worker_loop() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_worker_.wait(lock, [&] { return stop_ || taken_ != queued_ || prefault_pending_; });
-      if (taken_ == queued_) {
-        if (!prefault_pending_) return;  // stop_, nothing to do
-        // Payloads first; mapping pages in fills the time between them.
-        if (discard_ || worker_error_) {
-          prefault_pending_ = false;
-          continue;
-        }
-        worker_busy_ = true;
-        lock.unlock();
-        const bool more = prefault_step();
-        lock.lock();
-        worker_busy_ = false;
-        if (!more) prefault_pending_ = false;
-        if (discard_) slot_free_.notify_all();  // settle_worker waits for worker_busy_ to drop
-        continue;
-      }
-      slot& s = slots_[queue_[taken_ % 2]];
-      if (!discard_ && !worker_error_) {
-        worker_busy_ = true;
-        lock.unlock();
-        std::exception_ptr error;
-        try {
-          encode_slot(s);
-        } catch (...) {
-          error = std::current_exception();
-        }
-        lock.lock();
-        worker_busy_ = false;
-        if (error) worker_error_ = error;
-      }
-      s.busy = false;
-      ++taken_;
-      slot_free_.notify_all();
-    }
   }
 
   // Chooses each item's encoding, turns its gathered words into values in place, encodes the
@@ -653,23 +580,14 @@ class checkpoint_differ {
   double wait_seconds_ = 0;
   double caller_work_seconds_ = 0;  // encode and write done on the calling thread
 
-  // The worker and its hand-over, guarded by mutex_ (slot contents pass with `busy`).
-  std::thread worker_;
-  std::mutex mutex_;
-  std::condition_variable wake_worker_;
-  std::condition_variable slot_free_;
-  std::array<std::size_t, 2> queue_{};
-  std::uint64_t queued_ = 0;  // slots queued so far
-  std::uint64_t taken_ = 0;   // slots the worker has finished (or dropped)
-  bool worker_busy_ = false;
-  bool discard_ = false;
-  // Background work: mapping in the pages of the tensors of a diff of files.
-  bool prefault_pending_ = false;
+  // Background work of the stage: mapping in the pages of the tensors of a diff of files.
   std::span<const tensor_pair> prefault_tensors_;
   std::size_t prefault_id_ = 0;
   std::size_t prefault_at_ = 0;
-  bool stop_ = false;
-  std::exception_ptr worker_error_;
+
+  // The worker: encodes the slot it is handed (slot contents pass with the stage's hand-over)
+  // and prefetches between payloads. Declared last: destroyed, and its thread joined, first.
+  pipeline_stage<std::size_t> stage_;
 };
 
 /// Diffs OLD and NEW (safetensors files with the same tensor names, dtypes and shapes) into a
