@@ -34,6 +34,7 @@
 
 #include "dcr/refit/owner.hpp"
 #include "dcr/sim/moe_model.hpp"
+#include "dcr/sim/rank_owner.hpp"
 
 namespace {
 
@@ -144,32 +145,11 @@ int main(int argc, char** argv) {
       dcr::sim::synthetic_trainer trainer(config, registry, tp, dp, 1,
                                           dcr::sim::trainer_layout::megatron,
                                           dcr::sim::trainer_selection::owned_by(rank));
-      std::vector<dcr::affine_task> tasks;
-      std::vector<dcr::residual_task> residual;
-      std::vector<std::size_t> shard_index, residual_index;
-      const auto owners = trainer.owners();
-      const auto residual_owners = trainer.residual_owners();
-      for (std::size_t i = 0; i < owners.size(); ++i)
-        if (owners[i] == rank) {
-          tasks.push_back(trainer.shards()[i].task);
-          shard_index.push_back(i);
-        }
-      for (std::size_t r = 0; r < residual_owners.size(); ++r)
-        if (residual_owners[r] == rank) {
-          residual.push_back(trainer.residual()[r].task);
-          residual_index.push_back(r);
-        }
-      dcr::owner owner(registry, rank, std::move(tasks), std::move(residual));
+      const dcr::sim::rank_owner built = dcr::sim::make_rank_owner(registry, trainer, rank);
+      dcr::owner& owner = *built.owner;
       owner.set_chunk_bytes(chunk_bytes);
       std::vector<std::span<const std::byte>> cand, inputs;
-      auto spans = [&] {
-        cand.clear();
-        inputs.clear();
-        for (auto i : shard_index) cand.push_back(trainer.words(i));
-        for (auto r : residual_index)
-          for (std::size_t k = 0; k < trainer.residual()[r].task.inputs.size(); ++k)
-            inputs.push_back(trainer.residual_words(r, k));
-      };
+      auto spans = [&] { built.spans(trainer, cand, inputs); };
       trainer.advance_to(0, schedule);
       spans();
       owner.initialize(cand, inputs);

@@ -30,6 +30,7 @@
 #include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/receiver_agent.hpp"
 #include "dcr/sim/moe_engine.hpp"
+#include "dcr/sim/rank_owner.hpp"
 #include "dcr/testing/faults.hpp"
 #include "simulate_backends.hpp"
 
@@ -166,35 +167,14 @@ int run_owner(const simulate_settings& s) {
   dcr::sim::synthetic_trainer trainer(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
                                       s.trainer_layout,
                                       dcr::sim::trainer_selection::owned_by(rank));
-  const auto owners = trainer.owners();
-  const auto residual_owners = trainer.residual_owners();
-  std::vector<dcr::affine_task> tasks;
-  std::vector<dcr::residual_task> residual;
-  std::vector<std::size_t> shard_index, residual_index;
-  for (std::size_t i = 0; i < owners.size(); ++i)
-    if (owners[i] == rank) {
-      tasks.push_back(trainer.shards()[i].task);
-      shard_index.push_back(i);
-    }
-  for (std::size_t r = 0; r < residual_owners.size(); ++r)
-    if (residual_owners[r] == rank) {
-      residual.push_back(trainer.residual()[r].task);
-      residual_index.push_back(r);
-    }
-  dcr::owner owner(registry, rank, std::move(tasks), std::move(residual));
+  const dcr::sim::rank_owner built = dcr::sim::make_rank_owner(registry, trainer, rank);
+  dcr::owner& owner = *built.owner;
   // --device cuda: detect + compact, projection and tracker updates on the GPU (trackers in
   // device memory; each step's candidate shards copied there, as a trainer's would already be).
   const auto device_detect = make_detect_backend(s.device, s.id);
   if (device_detect) owner.set_detect_backend(device_detect.get());
   auto spans = [&](std::vector<std::span<const std::byte>>& c,
-                   std::vector<std::span<const std::byte>>& in) {
-    c.clear();
-    in.clear();
-    for (auto i : shard_index) c.push_back(trainer.words(i));
-    for (auto r : residual_index)
-      for (std::size_t k = 0; k < trainer.residual()[r].task.inputs.size(); ++k)
-        in.push_back(trainer.residual_words(r, k));
-  };
+                   std::vector<std::span<const std::byte>>& in) { built.spans(trainer, c, in); };
   const dcr::sim::stress_schedule schedule(s.rate);
   return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
     dcr::file_payload_store store(store_dir(s));
