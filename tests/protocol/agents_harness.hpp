@@ -687,7 +687,11 @@ class cluster {
   }
   [[nodiscard]] std::size_t owner_count() const { return owners_.size(); }
   [[nodiscard]] int receiver_ranks() const { return o_.receivers; }
-  [[nodiscard]] static std::string name(int rank) { return "r" + std::to_string(rank); }
+  [[nodiscard]] static std::string name(int rank) {
+    std::string n = std::to_string(rank);
+    n.insert(n.begin(), 'r');
+    return n;
+  }
 
   /// Waits until rank `rank`'s registration is present (a re-registration after a partition).
   bool wait_registered(int rank, time_point deadline) {
