@@ -6,11 +6,12 @@
 // audit of commit-record writes, the history keys, the commit record) and every receiver holding
 // it is bit-exact with a dense refit through its own loader.
 //
-// The soak's size: DCR_SOAK_SEEDS (default 3) x DCR_SOAK_TRANSITIONS (default 12); with
+// The soak's size: DCR_SOAK_SEEDS (default 6) x DCR_SOAK_TRANSITIONS (default 20); with
 // DCR_SOAK_SECONDS it runs seed after seed until that many seconds have passed. It prints one
 // summary line ("agents soak: ...").
 #include <doctest/doctest.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <latch>
 #include <optional>
@@ -131,8 +132,21 @@ TEST_CASE("two coordinators racing on one transition commit it exactly once") {
   c.start();
   auto& a = c.make_coordinator();
   auto& b = c.make_coordinator();
-  int conflicts = 0, by_other = 0;
-  for (std::uint64_t v = 1; v <= 6; ++v) {
+  int conflicts = 0, by_other = 0, both_at_commit = 0;
+  // Even rounds: both coordinators meet just before the commit transaction (each waits up to
+  // 2 s for the other), so both transactions run: only the compare-and-set keeps it to one.
+  std::mutex meet_mutex;
+  std::condition_variable meet;
+  int at_commit = 0;
+  bool rendezvous = false;
+  c.before_commit = [&](memory_cluster::coordinator_handle&, const dcr::attempt_record&) {
+    std::unique_lock lock(meet_mutex);
+    if (!rendezvous) return;
+    ++at_commit;
+    meet.notify_all();
+    meet.wait_for(lock, 2s, [&] { return at_commit >= 2; });
+  };
+  for (std::uint64_t v = 1; v <= 8; ++v) {
     CAPTURE(v);
     c.advance(v % 3 == 0 ? 0.05 : 0.01);
     // Odd rounds: a receiver fails attempt 0, so the racers also race on the fence and on
@@ -143,6 +157,11 @@ TEST_CASE("two coordinators racing on one transition commit it exactly once") {
       return fail_first && rank == victim && !is_restore(k) && k.attempt == 0 && n == 1 ? delivery_fault::drop
                                                                                        : delivery_fault::none;
     };
+    {
+      std::lock_guard lock(meet_mutex);
+      rendezvous = v % 2 == 0;
+      at_commit = 0;
+    }
     c.launch();
     std::latch go(2);
     run_outcome ra, rb;
@@ -166,13 +185,19 @@ TEST_CASE("two coordinators racing on one transition commit it exactly once") {
       by_other += other ? 1 : 0;
       conflicts += conflict ? 1 : 0;
     }
+    {
+      std::lock_guard lock(meet_mutex);
+      both_at_commit += rendezvous && at_commit >= 2 ? 1 : 0;
+    }
     settle_and_verify(c, v);
     c.faults = nullptr;
     if (fail_first) CHECK(commit_now(c).attempt >= 1);  // the retry committed, not attempt 0
   }
   CHECK(c.last_verified == 4);
-  MESSAGE("racing coordinators: the loser saw committed_by_other " << by_other << " times, commit_conflict "
-                                                                   << conflicts << " times");
+  CHECK(both_at_commit >= 2);  // the commit transactions really raced
+  MESSAGE("racing coordinators: both ran the commit transaction in " << both_at_commit
+          << " rounds; the loser saw committed_by_other " << by_other << " times, commit_conflict " << conflicts
+          << " times");
 }
 
 // ---- row: coordinator killed before the commit, a new one started
@@ -706,8 +731,8 @@ void soak_seed(std::uint64_t seed, std::uint64_t transitions, time_point stop_at
 
 TEST_CASE("randomized soak: seeds x transitions x random faults, every commit once and bit-exact") {
   const std::uint64_t seconds = env_u64("DCR_SOAK_SECONDS", 0);
-  const std::uint64_t seeds = env_u64("DCR_SOAK_SEEDS", seconds > 0 ? ~std::uint64_t{0} : 3);
-  const std::uint64_t transitions = env_u64("DCR_SOAK_TRANSITIONS", 12);
+  const std::uint64_t seeds = env_u64("DCR_SOAK_SEEDS", seconds > 0 ? ~std::uint64_t{0} : 6);
+  const std::uint64_t transitions = env_u64("DCR_SOAK_TRANSITIONS", 20);
   const auto t0 = protocol_clock::now();
   // Without DCR_SOAK_SECONDS the size is fixed; 150 s is only a safety bound for a slow machine.
   const auto stop_at = t0 + std::chrono::seconds(seconds > 0 ? seconds : 150);
