@@ -283,6 +283,19 @@ class coordinator {
       else
         joiners.push_back(name);
     }
+    if (next.receivers.empty() && joiners.empty()) {
+      // No member and no joiner: every registration is gone for now (e.g. an outage outlived
+      // every lease and the receivers have not registered again yet). Wait for one, until the
+      // deadline, instead of giving up the transition.
+      DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
+                  "coordinator: no receiver is registered (nothing to refit) by the deadline");
+      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
+      with_retry("coordinator: wait for receivers", deadline, [&] {
+        return plane_->wait_for_change(keys.receivers(), seen,
+                                       std::min(deadline, protocol_clock::now() + std::chrono::milliseconds(200)));
+      });
+      return std::nullopt;  // the caller looks again
+    }
     if (next.receivers != membership.value.receivers) {
       next.epoch = membership.value.epoch + 1;
       if (!with_retry("coordinator: membership", deadline, [&] {
@@ -307,8 +320,6 @@ class coordinator {
       a.policy = encoding_policy::overwrite_only;
       a.receivers = joiners;
     } else {
-      DCR_EXPECTS(!next.receivers.empty(), errc::not_ready,
-                  "coordinator: no receiver is a member: nothing to refit");
       a.kind = attempt_kind::refit;
       a.target_version = v + 1;
       a.attempt = same_transition ? previous->value.attempt + 1 : 0;
