@@ -519,6 +519,44 @@ TEST_CASE("the file control plane away mid-transition: the transition waits or f
   CHECK(c.last_verified == 4);
 }
 
+TEST_CASE("an outage longer than every lease: every agent comes back as a new incarnation, the transition still commits once") {
+  // Leases of 2 s and an outage of 3.5 s at the first payload applied: every registration has
+  // expired when the control plane comes back; owners and receivers register again (receivers
+  // holding writes of the open attempt as not restored), and the deployment converges.
+  dcr::memory_control_plane base;
+  cluster_options o;
+  for (int r = 0; r < o.receivers; ++r) o.receiver_lease[r] = 2s;
+  o.owner_lease = 2s;
+  memory_cluster c(base, o);
+  c.start();
+  auto r = simple_step(c, 0.02);
+  REQUIRE_MESSAGE(r.own_commit(), r.describe());
+  settle_and_verify(c, 1);
+  std::atomic<bool> started{false};
+  c.on_apply = [&](memory_cluster::receiver_inc&, const dcr::attempt_record& a, std::uint64_t) {
+    if (a.kind != dcr::attempt_kind::refit || a.target_version != 2 || started.exchange(true)) return;
+    c.outage().begin();
+    c.spawn([&] {
+      std::this_thread::sleep_for(3500ms);
+      c.outage().end();
+    });
+  };
+  r = simple_step(c, 0.02);
+  REQUIRE_MESSAGE(r.own_commit(), r.describe());
+  CHECK(started);
+  const auto required = settle_and_verify(c, 2);
+  c.on_apply = nullptr;
+  MESSAGE("after the long outage: " << r.summary.attempts.size() << " attempts, " << r.summary.restores
+                                    << " restores, " << required.size() << " receivers in the commit");
+  // Whoever the commit did not include is restored by the next transitions.
+  for (std::uint64_t v = 3; v <= 5 && c.last_verified < 4; ++v) {
+    r = simple_step(c, 0.02);
+    REQUIRE_MESSAGE(r.own_commit(), r.describe());
+    settle_and_verify(c, v);
+  }
+  CHECK(c.last_verified == 4);
+}
+
 // ---- the randomized soak
 
 namespace {
@@ -621,6 +659,7 @@ void soak_seed(std::uint64_t seed, std::uint64_t transitions, time_point stop_at
     const std::size_t kill_owner = g.next() % c.owner_count();
     const int owner_restart_ms = g.uniform() < 0.5 ? -1 : static_cast<int>(g.next() % 300);  // -1: at once
     const int abandon = chaos && g.uniform() < 0.15 ? 1 + static_cast<int>(g.next() % 2) : 0;  // 1 mid, 2 before commit
+    const bool abandon_in_restore = g.uniform() < 0.3;  // mid: at the first delivery of a restore, too
     const bool race = g.uniform() < 0.5;
     const int race_ms = static_cast<int>(g.next() % 200);
     const bool outage = chaos && g.uniform() < 0.2;
@@ -630,7 +669,7 @@ void soak_seed(std::uint64_t seed, std::uint64_t transitions, time_point stop_at
     auto* A = &c.primary();
     std::atomic<bool> abandoned{false}, rx_killed{false}, ow_killed{false};
     c.faults = [&](int rank, const dcr::attempt_key& k, std::uint64_t n) {
-      if (abandon == 1 && !is_restore(k) && !abandoned.exchange(true)) A->plane->partition(true);
+      if (abandon == 1 && (abandon_in_restore || !is_restore(k)) && !abandoned.exchange(true)) A->plane->partition(true);
       if (is_restore(k)) return delivery_fault::none;
       for (const auto& e : events)
         if (e.rank == rank && e.attempt == k.attempt && e.ordinal == n) return e.kind;
@@ -645,8 +684,8 @@ void soak_seed(std::uint64_t seed, std::uint64_t transitions, time_point stop_at
         c.kill_receiver(&inc, kill_rx_now);
     };
     c.on_put = [&](memory_cluster::owner_inc& inc, const dcr::attempt_record& a, std::uint64_t n) {
-      if (!kill_ow || inc.slot != kill_owner || a.kind != dcr::attempt_kind::refit || n != 1 || ow_killed.exchange(true))
-        return;
+      const bool kind_ok = kill_in_restore ? a.kind == dcr::attempt_kind::restore : a.kind == dcr::attempt_kind::refit;
+      if (!kill_ow || inc.slot != kill_owner || !kind_ok || n != 1 || ow_killed.exchange(true)) return;
       if (owner_restart_ms < 0) {
         c.kill_owner(&inc, true);
       } else if (c.kill_owner(&inc, false)) {
