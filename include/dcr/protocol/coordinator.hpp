@@ -496,27 +496,36 @@ class coordinator {
           return put_if(*plane_, keys.attempt(), encode_record(f), open.revision);
         }))
       return;  // changed meanwhile (another coordinator): the caller looks again
+    // A receiver that is alive (its lease kept) but does not acknowledge the fence within
+    // attempt_timeout (a stuck engine) leaves the membership instead of holding up the retry:
+    // its incarnation is never required again, and writes it still makes land in its own
+    // storage only.
+    const auto patience = protocol_clock::now() + options_.attempt_timeout;
     for (;;) {
       const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       const auto acks = with_retry("coordinator: acks", deadline, [&] {
         return read_records<receiver_ack>(*plane_, keys.acks(f.key()));
       });
       const auto regs = live_receivers(deadline);
-      bool settled = true;
+      std::vector<std::string> waiting;  // incarnations that may still write the attempt
       for (const auto& name : f.receivers) {
         const bool acked = std::any_of(acks.begin(), acks.end(), [&](const auto& k) { return k.name == name; });
         auto r = regs.find(name);
         // Gone (lease expired) or restarted (a new process never wrote the old attempt).
         const bool gone = r == regs.end() || !r->second.restored || r->second.committed_version != f.base_version;
-        settled = settled && (acked || gone);
+        if (!acked && !gone) waiting.push_back(r->second.incarnation);
       }
-      if (settled) return;
+      if (waiting.empty()) return;
+      if (protocol_clock::now() >= patience) {
+        dead_.insert(waiting.begin(), waiting.end());
+        return;
+      }
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
                   "coordinator: receivers did not acknowledge the fence of attempt " +
                       protocol_keys::tag(f.key()) + " by the deadline");
       with_retry("coordinator: wait for fence", deadline, [&] {
         return plane_->wait_for_change(keys.all(), seen,
-                                       std::min(deadline, protocol_clock::now() + std::chrono::milliseconds(500)));
+                                       std::min({deadline, patience, protocol_clock::now() + std::chrono::milliseconds(500)}));
       });
     }
   }
