@@ -339,6 +339,44 @@ TEST_CASE("receivers join between attempts through a dense restore, and leave by
   CHECK(c.last_verified == 3);
 }
 
+// ---- row: a deadline passes
+
+TEST_CASE("a receiver that stalls past the attempt deadline fails the attempt and leaves the membership") {
+  // Attempts of 1.5 s; r1 hangs for 6 s in its first apply of 1 -> 2 while its lease stays alive
+  // (an engine stuck, not a dead process). The attempt fails at its deadline, the fence does not
+  // wait for r1 beyond another attempt_timeout, and the retry commits without it.
+  dcr::memory_control_plane base;
+  cluster_options o;
+  o.attempt_timeout = 1500ms;
+  memory_cluster c(base, o);
+  c.start();
+  auto r = simple_step(c, 0.02);
+  REQUIRE_MESSAGE(r.own_commit(), r.describe());
+  settle_and_verify(c, 1);
+  std::atomic<bool> stalled{false};
+  c.on_apply = [&](memory_cluster::receiver_inc& inc, const dcr::attempt_record& a, std::uint64_t) {
+    if (inc.rank != 1 || a.kind != dcr::attempt_kind::refit || a.target_version != 2 || stalled.exchange(true)) return;
+    std::this_thread::sleep_for(6s);
+  };
+  const auto t0 = protocol_clock::now();
+  r = simple_step(c, 0.02);
+  const double seconds = std::chrono::duration<double>(protocol_clock::now() - t0).count();
+  REQUIRE_MESSAGE(r.own_commit(), r.describe());
+  CHECK(stalled);
+  REQUIRE(r.summary.attempts.size() >= 2);
+  CHECK(r.summary.attempts.front().failure == "attempt deadline passed");
+  CHECK_MESSAGE(seconds < 5.0, "the transition waited " << seconds << " s for the stalled receiver");
+  const auto required = settle_and_verify(c, 2);
+  CHECK_FALSE(contains(required, "r1"));
+  c.on_apply = nullptr;
+  // Restarted (a new incarnation), r1 is restored and joins again.
+  REQUIRE(c.kill_receiver_rank(1, true));
+  r = simple_step(c, 0.02);
+  REQUIRE_MESSAGE(r.own_commit(), r.describe());
+  CHECK(settle_and_verify(c, 3).size() == 4);
+  CHECK(c.last_verified == 4);
+}
+
 // ---- row: two receivers killed in one attempt
 
 TEST_CASE("two receivers killed in one attempt: the attempt fails, the retry commits, the restarted receivers restore") {
