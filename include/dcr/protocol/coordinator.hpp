@@ -193,6 +193,10 @@ class coordinator {
         out.attempts.push_back(std::move(summary));
         break;
       }
+      if (now.value.version != v) {  // another coordinator moved on: nothing to fence here
+        out.attempts.push_back(std::move(summary));
+        expect_version_unmoved(v, deadline);
+      }
       fence(*open, deadline, &summary);
       out.attempts.push_back(std::move(summary));
       commit = expect_version_unmoved(v, deadline);
@@ -303,6 +307,19 @@ class coordinator {
       else
         joiners.push_back(name);
     }
+    if (next.receivers.empty() && joiners.empty()) {
+      // No member and no joiner: every registration is gone for now (e.g. an outage outlived
+      // every lease and the receivers have not registered again yet). Wait for one, until the
+      // deadline, instead of giving up the transition.
+      DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
+                  "coordinator: no receiver is registered (nothing to refit) by the deadline");
+      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
+      with_retry("coordinator: wait for receivers", deadline, [&] {
+        return plane_->wait_for_change(keys.receivers(), seen,
+                                       std::min(deadline, protocol_clock::now() + std::chrono::milliseconds(200)));
+      });
+      return std::nullopt;  // the caller looks again
+    }
     if (next.receivers != membership.value.receivers) {
       next.epoch = membership.value.epoch + 1;
       if (!with_retry("coordinator: membership", deadline, [&] {
@@ -327,8 +344,6 @@ class coordinator {
       a.policy = encoding_policy::overwrite_only;
       a.receivers = joiners;
     } else {
-      DCR_EXPECTS(!next.receivers.empty(), errc::not_ready,
-                  "coordinator: no receiver is a member: nothing to refit");
       a.kind = attempt_kind::refit;
       a.target_version = v + 1;
       a.attempt = same_transition ? previous->value.attempt + 1 : 0;
@@ -511,21 +526,30 @@ class coordinator {
           return put_if(*plane_, keys.attempt(), encode_record(f), open.revision);
         }))
       return;  // changed meanwhile (another coordinator): the caller looks again
+    // A receiver that is alive (its lease kept) but does not acknowledge the fence within
+    // attempt_timeout (a stuck engine) leaves the membership instead of holding up the retry:
+    // its incarnation is never required again, and writes it still makes land in its own
+    // storage only.
+    const auto patience = protocol_clock::now() + options_.attempt_timeout;
     for (;;) {
       const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       const auto acks = with_retry("coordinator: acks", deadline, [&] {
         return read_records<receiver_ack>(*plane_, keys.acks(f.key()));
       });
       const auto regs = live_receivers(deadline);
-      bool settled = true;
+      std::vector<std::string> waiting;  // incarnations that may still write the attempt
       for (const auto& name : f.receivers) {
         const bool acked = std::any_of(acks.begin(), acks.end(), [&](const auto& k) { return k.name == name; });
         auto r = regs.find(name);
         // Gone (lease expired) or restarted (a new process never wrote the old attempt).
         const bool gone = r == regs.end() || !r->second.restored || r->second.committed_version != f.base_version;
-        settled = settled && (acked || gone);
+        if (!acked && !gone) waiting.push_back(r->second.incarnation);
       }
-      if (settled && watched != nullptr) {
+      // Owners: every one reported (so none is still putting payloads of the attempt) or left;
+      // their final reports complete `watched`. An owner that is alive but silent past
+      // attempt_timeout (one that gave up on the transition) no longer holds up the retry.
+      bool owners_settled = true;
+      if (watched != nullptr) {
         auto reports = with_retry("coordinator: reports", deadline, [&] {
           return read_records<owner_report>(*plane_, keys.reports(f.key()));
         });
@@ -538,17 +562,21 @@ class coordinator {
           const bool gone = o == owners.end() ||
                             (o0 != watched->owner_incarnations.end() &&
                              o->second.incarnation != o0->second);
-          settled = settled && (reported || gone);
+          owners_settled = owners_settled && (reported || gone);
         }
-        if (settled) watched->reports = std::move(reports);
+        watched->reports = std::move(reports);
       }
-      if (settled) return;
+      if (waiting.empty() && owners_settled) return;
+      if (protocol_clock::now() >= patience) {
+        dead_.insert(waiting.begin(), waiting.end());
+        return;
+      }
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
                   "coordinator: receivers and owners did not settle the fence of attempt " +
                       protocol_keys::tag(f.key()) + " by the deadline");
       with_retry("coordinator: wait for fence", deadline, [&] {
         return plane_->wait_for_change(keys.all(), seen,
-                                       std::min(deadline, protocol_clock::now() + std::chrono::milliseconds(500)));
+                                       std::min({deadline, patience, protocol_clock::now() + std::chrono::milliseconds(500)}));
       });
     }
   }
