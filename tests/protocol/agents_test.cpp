@@ -866,8 +866,7 @@ TEST_CASE("randomized soak: seeds x transitions x random faults, every commit on
   const auto stop_at = t0 + std::chrono::seconds(seconds > 0 ? seconds : 150);
   soak_totals st;
   const std::uint64_t first = env_u64("DCR_SOAK_FIRST_SEED", 1);  // to rerun one seed of a long soak
-  for (std::uint64_t seed = first; seed < first + seeds && protocol_clock::now() < stop_at; ++seed)
-    soak_seed(seed, transitions, stop_at, st);
+  for (std::uint64_t k = 0; k < seeds && protocol_clock::now() < stop_at; ++k) soak_seed(first + k, transitions, stop_at, st);
   const double elapsed = std::chrono::duration<double>(protocol_clock::now() - t0).count();
   std::printf(
       "agents soak: seeds=%llu transitions=%llu commits=%llu refit_attempts=%llu retries=%llu restores=%llu "
