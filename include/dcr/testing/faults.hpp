@@ -87,6 +87,8 @@ class faulty_source {
           out = std::move(later);
           return source_status::delivered;
         }
+        // A payload held back by an earlier reorder goes out next: held_ keeps one at a time.
+        if (held_) replay_ = std::move(*held_);
         held_ = std::move(later);
         break;
       }
