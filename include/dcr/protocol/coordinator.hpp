@@ -259,8 +259,11 @@ class coordinator {
     const auto& keys = options_.keys;
     // Owners must be registered with trackers at v (a restarted owner re-registers) and hold
     // the candidate: the attempt opens when the trainer's step is there, not before.
+    // Each wait below takes the store revision before it reads, so a change made between the
+    // read and the wait wakes it (read-then-revision would lose that wake-up for a whole wait).
     std::map<std::uint32_t, owner_registration> owners;
     for (;;) {
+      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       owners = live_owners(deadline);
       bool all = true;
       for (auto id : owners_)
@@ -270,23 +273,23 @@ class coordinator {
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
                   "coordinator: not every owner is registered at version " + std::to_string(v) +
                       " holding candidate '" + candidate + "'");
-      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       with_retry("coordinator: wait for owners", deadline, [&] {
         return plane_->wait_for_change(keys.owners(), seen,
                                        std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
       });
     }
     auto membership = must_read<membership_record>(keys.membership(), deadline);
+    auto receivers_seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
     auto regs = live_receivers(deadline);
     while (!started_ && regs.size() < options_.min_receivers) {
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
                   "coordinator: only " + std::to_string(regs.size()) + " of " +
                       std::to_string(options_.min_receivers) + " receivers registered");
-      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       with_retry("coordinator: wait for receivers", deadline, [&] {
-        return plane_->wait_for_change(keys.receivers(), seen,
+        return plane_->wait_for_change(keys.receivers(), receivers_seen,
                                        std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
       });
+      receivers_seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       regs = live_receivers(deadline);
     }
     started_ = true;
@@ -313,9 +316,8 @@ class coordinator {
       // deadline, instead of giving up the transition.
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
                   "coordinator: no receiver is registered (nothing to refit) by the deadline");
-      const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       with_retry("coordinator: wait for receivers", deadline, [&] {
-        return plane_->wait_for_change(keys.receivers(), seen,
+        return plane_->wait_for_change(keys.receivers(), receivers_seen,
                                        std::min(deadline, protocol_clock::now() + std::chrono::milliseconds(200)));
       });
       return std::nullopt;  // the caller looks again

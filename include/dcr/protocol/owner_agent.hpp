@@ -18,6 +18,7 @@
 // attempts (receivers joining) are answered with a dense overwrite of the trackers.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <span>
 #include <string>
@@ -302,6 +303,9 @@ class owner_agent {
     std::uint32_t sequence = 0;
     std::uint64_t records = 0;
     double compress = 0, put_time = 0;
+    // The stage thread records its spans apart from the building thread's (one writer each);
+    // they are merged into timeline_ once the stage has drained.
+    std::vector<stage_span> put_spans;
     payload_header header;
     header.id = payload_id{a.base_version, a.target_version, a.attempt, owner_->id(), 0};
     header.registry_fingerprint = registry_->fingerprint();
@@ -323,7 +327,7 @@ class owner_agent {
       const auto c2 = clock::now();
       compress += seconds(c1 - c0);
       put_time += seconds(c2 - c1);
-      timeline_.push_back({"compress+put", u0 + seconds(c0 - t0), u0 + seconds(c2 - t0)});
+      put_spans.push_back({"compress+put", u0 + seconds(c0 - t0), u0 + seconds(c2 - t0)});
     };
     double build = 0;
     if (options_.pipelined) {
@@ -349,6 +353,9 @@ class owner_agent {
       for (const auto& it : items) records += it.count();
       pack_and_put(items);
     }
+    timeline_.insert(timeline_.end(), put_spans.begin(), put_spans.end());
+    std::stable_sort(timeline_.begin(), timeline_.end(),
+                     [](const stage_span& x, const stage_span& y) { return x.begin < y.begin; });
     store_->put_manifest(a.key(), owner_->id(), ids_);
     std::uint64_t digest = 0;
     for (const auto& id : ids_) digest = XXH64(&id, sizeof id, digest);
