@@ -17,5 +17,14 @@ command -v ccache >/dev/null || echo "build: ccache not on PATH, building withou
 # Configure once; meson regenerates by itself when a meson.build changes.
 if [[ ! -f build/meson-private/coredata.dat ]]; then
   meson setup build --buildtype=release "$@"
+else
+  # A build directory configured by another meson (e.g. pip's, installed later for the Python
+  # package, shadowing Debian's) cannot be compiled by this one until it is reconfigured.
+  configured=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["meson_version"]["full"])' \
+                 build/meson-info/meson-info.json 2>/dev/null || true)
+  if [[ $configured != "$(meson --version)" ]]; then
+    echo "build: build/ was configured by meson ${configured:-?}, reconfiguring for $(meson --version)" >&2
+    meson setup --reconfigure build "$@"
+  fi
 fi
 meson compile -C build -j "${DCR_JOBS:-$(nproc)}"

@@ -33,6 +33,7 @@
 #include "dcr/sim/rank_owner.hpp"
 #include "dcr/testing/faults.hpp"
 #include "simulate_backends.hpp"
+#include "simulate_transport.hpp"
 
 namespace dcr_tool {
 namespace {
@@ -49,9 +50,6 @@ protocol_clock::time_point deadline_of(const simulate_settings& s) {
 std::string plane_dir(const simulate_settings& s) {
   if (s.commit.rfind("file:", 0) == 0) return s.commit.substr(5);
   return (fs::path(s.workdir) / "control").string();
-}
-std::string store_dir(const simulate_settings& s) {
-  return s.store.empty() ? (fs::path(s.workdir) / "store").string() : s.store;
 }
 /// Stage spans as JSON (what scripts/protocol-timeline.py draws).
 json timeline_json(const std::vector<dcr::stage_span>& spans) {
@@ -125,39 +123,40 @@ int run_coordinator(const simulate_settings& s) {
   const dcr::sim::synthetic_trainer layout(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
                                            s.trainer_layout, dcr::sim::trainer_selection::none());
   return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
-    dcr::file_payload_store store(store_dir(s));
-    dcr::coordinator_options o;
-    o.keys = keys;
-    o.policy = s.options.policy;
-    o.min_receivers = s.restarted ? 0 : static_cast<std::size_t>(s.receiver_tp);
-    o.before_commit = [&](const dcr::attempt_record& a) {
-      if (kill_here(s, "coordinator", a.target_version)) ::raise(SIGKILL);
-    };
-    dcr::coordinator coord(plane, store, registry.fingerprint(), owner_ids(layout), o);
-    const auto deadline = deadline_of(s);
-    coord.initialize(0, deadline);
-    const auto v0 = wait_for_commit_record(plane, keys, deadline);
-    for (auto step = v0 + 1; step <= static_cast<std::uint64_t>(s.steps); ++step) {
-      const auto t = coord.run_transition("step " + std::to_string(step), deadline_of(s));
-      // The commit happened before the cleanup; the first attempt record t.seconds before it.
-      const double end_unix = dcr::unix_seconds_now() - t.cleanup_seconds;
-      const double begin_unix = end_unix - t.seconds;
-      json j{{"step", step}, {"begin_unix", begin_unix}, {"wait_seconds", t.wait_seconds}, {"cleanup_seconds", t.cleanup_seconds}, {"end_unix", end_unix}, {"committed", t.committed}, {"committed_by_other", t.committed_by_other},
-             {"seconds", t.seconds}, {"commit_seconds", t.commit_seconds}, {"restores", t.restores}};
-      json attempts = json::array();
-      for (const auto& a : t.attempts) {
-        json owners = json::array(), acks = json::array();
-        for (const auto& r : a.reports) owners.push_back(r);
-        for (const auto& k : a.acks) acks.push_back(k);
-        attempts.push_back({{"attempt", a.key.attempt}, {"kind", a.kind}, {"policy", a.policy},
-                            {"committed", a.committed}, {"failure", a.failure},
-                            {"seconds", a.seconds}, {"reports", owners}, {"acks", acks}});
+    return with_coordinator_store(s, [&](auto& store) {
+      dcr::coordinator_options o;
+      o.keys = keys;
+      o.policy = s.options.policy;
+      o.min_receivers = s.restarted ? 0 : static_cast<std::size_t>(s.receiver_tp);
+      o.before_commit = [&](const dcr::attempt_record& a) {
+        if (kill_here(s, "coordinator", a.target_version)) ::raise(SIGKILL);
+      };
+      dcr::coordinator coord(plane, store, registry.fingerprint(), owner_ids(layout), o);
+      const auto deadline = deadline_of(s);
+      coord.initialize(0, deadline);
+      const auto v0 = wait_for_commit_record(plane, keys, deadline);
+      for (auto step = v0 + 1; step <= static_cast<std::uint64_t>(s.steps); ++step) {
+        const auto t = coord.run_transition("step " + std::to_string(step), deadline_of(s));
+        // The commit happened before the cleanup; the first attempt record t.seconds before it.
+        const double end_unix = dcr::unix_seconds_now() - t.cleanup_seconds;
+        const double begin_unix = end_unix - t.seconds;
+        json j{{"step", step}, {"begin_unix", begin_unix}, {"wait_seconds", t.wait_seconds}, {"cleanup_seconds", t.cleanup_seconds}, {"end_unix", end_unix}, {"committed", t.committed}, {"committed_by_other", t.committed_by_other},
+               {"seconds", t.seconds}, {"commit_seconds", t.commit_seconds}, {"restores", t.restores}};
+        json attempts = json::array();
+        for (const auto& a : t.attempts) {
+          json owners = json::array(), acks = json::array();
+          for (const auto& r : a.reports) owners.push_back(r);
+          for (const auto& k : a.acks) acks.push_back(k);
+          attempts.push_back({{"attempt", a.key.attempt}, {"kind", a.kind}, {"policy", a.policy},
+                              {"committed", a.committed}, {"failure", a.failure},
+                              {"seconds", a.seconds}, {"reports", owners}, {"acks", acks}});
+        }
+        j["attempts"] = attempts;
+        append_line(s, j);
+        if (!t.committed) return 1;
       }
-      j["attempts"] = attempts;
-      append_line(s, j);
-      if (!t.committed) return 1;
-    }
-    return 0;
+      return 0;
+    });
   });
 }
 
@@ -177,41 +176,42 @@ int run_owner(const simulate_settings& s) {
                    std::vector<std::span<const std::byte>>& in) { built.spans(trainer, c, in); };
   const dcr::sim::stress_schedule schedule(s.rate);
   return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
-    dcr::file_payload_store store(store_dir(s));
-    const auto deadline = deadline_of(s);
-    // Trackers from the committed version (a restarted owner regenerates version v from the
-    // seed, as a framework would reload its checkpoint of v).
-    const auto v = wait_for_commit_record(plane, keys, deadline);
-    trainer.advance_to(v, schedule);
-    std::vector<std::span<const std::byte>> cand, inputs;
-    spans(cand, inputs);
-    owner.initialize(cand, inputs);
-    dcr::owner_agent_options o;
-    o.keys = keys;
-    o.bucket_bytes = s.options.bucket_bytes;
-    o.chunk_bytes = s.options.bucket_bytes;
-    o.codec = s.options.codec;
-    o.pipelined = s.pipelined;
-    o.after_put = [&](const dcr::attempt_record& a, std::uint64_t n) {
-      if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "owner", a.target_version))
-        ::raise(SIGKILL);
-    };
-    dcr::owner_agent agent(owner, registry, plane, store, o);
-    agent.start(v, deadline, s.restarted);
-    for (auto step = v + 1; step <= static_cast<std::uint64_t>(s.steps); ++step) {
-      trainer.advance_to(step, schedule);
+    return with_owner_store(s, [&](auto& store) {
+      const auto deadline = deadline_of(s);
+      // Trackers from the committed version (a restarted owner regenerates version v from the
+      // seed, as a framework would reload its checkpoint of v).
+      const auto v = wait_for_commit_record(plane, keys, deadline);
+      trainer.advance_to(v, schedule);
+      std::vector<std::span<const std::byte>> cand, inputs;
       spans(cand, inputs);
-      const auto t0 = protocol_clock::now();
-      agent.serve_transition("step " + std::to_string(step), cand, inputs, deadline_of(s));
-      json j{{"step", step}, {"report", agent.last_report()},
-             {"seconds", std::chrono::duration<double>(protocol_clock::now() - t0).count()},
-             {"tracker_bytes", owner.tracker_bytes()}};
-      const std::string device = owner.detect_device();
-      j["devices"] = {{"detect", device}, {"project", device}, {"tracker_update", device}};
-      j["timeline"] = timeline_json(agent.last_timeline());
-      append_line(s, j);
-    }
-    return 0;
+      owner.initialize(cand, inputs);
+      dcr::owner_agent_options o;
+      o.keys = keys;
+      o.bucket_bytes = s.options.bucket_bytes;
+      o.chunk_bytes = s.options.bucket_bytes;
+      o.codec = s.options.codec;
+      o.pipelined = s.pipelined;
+      o.after_put = [&](const dcr::attempt_record& a, std::uint64_t n) {
+        if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "owner", a.target_version))
+          ::raise(SIGKILL);
+      };
+      dcr::owner_agent agent(owner, registry, plane, store, o);
+      agent.start(v, deadline, s.restarted);
+      for (auto step = v + 1; step <= static_cast<std::uint64_t>(s.steps); ++step) {
+        trainer.advance_to(step, schedule);
+        spans(cand, inputs);
+        const auto t0 = protocol_clock::now();
+        agent.serve_transition("step " + std::to_string(step), cand, inputs, deadline_of(s));
+        json j{{"step", step}, {"report", agent.last_report()},
+               {"seconds", std::chrono::duration<double>(protocol_clock::now() - t0).count()},
+               {"tracker_bytes", owner.tracker_bytes()}};
+        const std::string device = owner.detect_device();
+        j["devices"] = {{"detect", device}, {"project", device}, {"tracker_update", device}};
+        j["timeline"] = timeline_json(agent.last_timeline());
+        append_line(s, j);
+      }
+      return 0;
+    });
   });
 }
 
@@ -246,97 +246,97 @@ int run_receiver(const simulate_settings& s) {
     }
   };
   return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
-    dcr::file_payload_store store(store_dir(s));
-    dcr::store_source<dcr::file_payload_store> source(store);
-    const auto deadline = deadline_of(s);
-    const auto v = wait_for_commit_record(plane, keys, deadline);
-    // A first start loads version v from its "checkpoint" (the seed); a restarted receiver has
-    // lost its storage and is restored through the protocol.
-    if (!s.restarted) dense_load(rx, v);
-    if (device_apply) device_apply->upload_storage();  // a restarted one: its fresh storage
-    dcr::receiver_agent_options o;
-    o.keys = keys;
-    o.asynchronous = s.asynchronous;
-    o.after_apply = [&](const dcr::attempt_record& a, std::uint64_t n) {
-      if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "receiver", a.target_version))
-        ::raise(SIGKILL);
-    };
-    std::atomic<int> gate_closes{0}, gate_opens{0};
-    dcr::request_gate gate{[&] { ++gate_closes; }, [&] { ++gate_opens; }};
-    auto serve = [&](auto& src) {
-      dcr::receiver_agent agent("r" + std::to_string(rank), rx, registry.fingerprint(), plane, src,
-                                o, gate);
-      agent.start(v, !s.restarted, deadline);
-      auto verify = [&](std::uint64_t held, double serve_seconds) {
-        // A dense refit of version `held` through this receiver's own loader, into fresh
-        // storage, compared byte for byte (padding included).
-        const auto v0 = protocol_clock::now();
-        if (device_apply) device_apply->download_storage();
-        if (!reference)
-          reference = std::make_unique<dcr::sim::moe_engine_storage>(s.model, s.receiver_tp, rank,
-                                                                     s.engine_layout);
-        reference->reset();
-        dcr::sim::moe_engine_loader ref_loader(*reference);
-        dcr::receiver<dcr::sim::moe_engine_loader> ref_rx(registry, ref_loader,
-                                                          dcr::apply_options{s.path, false});
-        dense_load(ref_rx, held);
-        const auto diff = storage.first_difference(*reference);
-        json j{{"step", held}, {"bit_exact", diff.empty()}, {"mismatch", diff},
-               {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", serve_seconds},
-               {"verify_seconds", std::chrono::duration<double>(protocol_clock::now() - v0).count()},
-               {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
-               {"gate_closes", gate_closes.load()}, {"gate_opens", gate_opens.load()},
-               {"storage_bytes", storage.bytes()}, {"apply_device", rx.apply_device()}};
-        j["timeline"] = timeline_json(agent.last_timeline());
-        append_line(s, j);
+    return with_receiver_source(s, [&](auto& source) {
+      const auto deadline = deadline_of(s);
+      const auto v = wait_for_commit_record(plane, keys, deadline);
+      // A first start loads version v from its "checkpoint" (the seed); a restarted receiver has
+      // lost its storage and is restored through the protocol.
+      if (!s.restarted) dense_load(rx, v);
+      if (device_apply) device_apply->upload_storage();  // a restarted one: its fresh storage
+      dcr::receiver_agent_options o;
+      o.keys = keys;
+      o.asynchronous = s.asynchronous;
+      o.after_apply = [&](const dcr::attempt_record& a, std::uint64_t n) {
+        if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "receiver", a.target_version))
+          ::raise(SIGKILL);
       };
-      std::uint64_t held = v;
-      if (s.restarted) {  // restored through the protocol first, then verified
-        const auto t0 = protocol_clock::now();
-        held = agent.serve_until(v, deadline_of(s));
-        verify(held, std::chrono::duration<double>(protocol_clock::now() - t0).count());
-      }
-      while (held < static_cast<std::uint64_t>(s.steps)) {
-        const auto t0 = protocol_clock::now();
-        held = agent.serve_until(held + 1, deadline_of(s));
-        const double served = std::chrono::duration<double>(protocol_clock::now() - t0).count();
-        if (s.verify_every || held >= static_cast<std::uint64_t>(s.steps)) {
-          verify(held, served);
-        } else {  // --verify last: only the timeline and counters of this step
-          json j{{"step", held}, {"bit_exact", true}, {"verified", false}, {"mismatch", ""},
-                 {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", served},
+      std::atomic<int> gate_closes{0}, gate_opens{0};
+      dcr::request_gate gate{[&] { ++gate_closes; }, [&] { ++gate_opens; }};
+      auto serve = [&](auto& src) {
+        dcr::receiver_agent agent("r" + std::to_string(rank), rx, registry.fingerprint(), plane, src,
+                                  o, gate);
+        agent.start(v, !s.restarted, deadline);
+        auto verify = [&](std::uint64_t held, double serve_seconds) {
+          // A dense refit of version `held` through this receiver's own loader, into fresh
+          // storage, compared byte for byte (padding included).
+          const auto v0 = protocol_clock::now();
+          if (device_apply) device_apply->download_storage();
+          if (!reference)
+            reference = std::make_unique<dcr::sim::moe_engine_storage>(s.model, s.receiver_tp, rank,
+                                                                       s.engine_layout);
+          reference->reset();
+          dcr::sim::moe_engine_loader ref_loader(*reference);
+          dcr::receiver<dcr::sim::moe_engine_loader> ref_rx(registry, ref_loader,
+                                                            dcr::apply_options{s.path, false});
+          dense_load(ref_rx, held);
+          const auto diff = storage.first_difference(*reference);
+          json j{{"step", held}, {"bit_exact", diff.empty()}, {"mismatch", diff},
+                 {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", serve_seconds},
+                 {"verify_seconds", std::chrono::duration<double>(protocol_clock::now() - v0).count()},
                  {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
-                 {"apply_device", rx.apply_device()}};
+                 {"gate_closes", gate_closes.load()}, {"gate_opens", gate_opens.load()},
+                 {"storage_bytes", storage.bytes()}, {"apply_device", rx.apply_device()}};
           j["timeline"] = timeline_json(agent.last_timeline());
           append_line(s, j);
+        };
+        std::uint64_t held = v;
+        if (s.restarted) {  // restored through the protocol first, then verified
+          const auto t0 = protocol_clock::now();
+          held = agent.serve_until(v, deadline_of(s));
+          verify(held, std::chrono::duration<double>(protocol_clock::now() - t0).count());
         }
+        while (held < static_cast<std::uint64_t>(s.steps)) {
+          const auto t0 = protocol_clock::now();
+          held = agent.serve_until(held + 1, deadline_of(s));
+          const double served = std::chrono::duration<double>(protocol_clock::now() - t0).count();
+          if (s.verify_every || held >= static_cast<std::uint64_t>(s.steps)) {
+            verify(held, served);
+          } else {  // --verify last: only the timeline and counters of this step
+            json j{{"step", held}, {"bit_exact", true}, {"verified", false}, {"mismatch", ""},
+                   {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", served},
+                   {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
+                   {"apply_device", rx.apply_device()}};
+            j["timeline"] = timeline_json(agent.last_timeline());
+            append_line(s, j);
+          }
+        }
+        return 0;
+      };
+      if (s.fault != "none" && rank == 0) {
+        const auto step = static_cast<std::uint64_t>(s.fault_step);
+        dcr::testing::delivery_fault kind = dcr::testing::delivery_fault::none;
+        if (s.fault == "duplicate") kind = dcr::testing::delivery_fault::duplicate;
+        if (s.fault == "corrupt") kind = dcr::testing::delivery_fault::corrupt;
+        if (s.fault == "drop-receiver") kind = dcr::testing::delivery_fault::drop;
+        if (s.fault == "reorder") kind = dcr::testing::delivery_fault::reorder;
+        if (s.fault == "delay") kind = dcr::testing::delivery_fault::delay;
+        if (s.fault == "stale") kind = dcr::testing::delivery_fault::stale;
+        // stale needs a failed attempt first: drop the second delivery of attempt 0, then
+        // deliver a kept payload of attempt 0 during attempt 1.
+        dcr::testing::faulty_source<std::remove_reference_t<decltype(source)>> faulty(
+            source, [=](const dcr::attempt_key& key, std::uint64_t ordinal) {
+              if (key.target_version != step) return dcr::testing::delivery_fault::none;
+              if (kind == dcr::testing::delivery_fault::stale) {
+                if (key.attempt == 0 && ordinal == 1) return dcr::testing::delivery_fault::drop;
+                if (key.attempt > 0 && ordinal == 0) return dcr::testing::delivery_fault::stale;
+                return dcr::testing::delivery_fault::none;
+              }
+              return key.attempt == 0 && ordinal == 0 ? kind : dcr::testing::delivery_fault::none;
+            });
+        return serve(faulty);
       }
-      return 0;
-    };
-    if (s.fault != "none" && rank == 0) {
-      const auto step = static_cast<std::uint64_t>(s.fault_step);
-      dcr::testing::delivery_fault kind = dcr::testing::delivery_fault::none;
-      if (s.fault == "duplicate") kind = dcr::testing::delivery_fault::duplicate;
-      if (s.fault == "corrupt") kind = dcr::testing::delivery_fault::corrupt;
-      if (s.fault == "drop-receiver") kind = dcr::testing::delivery_fault::drop;
-      if (s.fault == "reorder") kind = dcr::testing::delivery_fault::reorder;
-      if (s.fault == "delay") kind = dcr::testing::delivery_fault::delay;
-      if (s.fault == "stale") kind = dcr::testing::delivery_fault::stale;
-      // stale needs a failed attempt first: drop the second delivery of attempt 0, then
-      // deliver a kept payload of attempt 0 during attempt 1.
-      dcr::testing::faulty_source<dcr::store_source<dcr::file_payload_store>> faulty(
-          source, [=](const dcr::attempt_key& key, std::uint64_t ordinal) {
-            if (key.target_version != step) return dcr::testing::delivery_fault::none;
-            if (kind == dcr::testing::delivery_fault::stale) {
-              if (key.attempt == 0 && ordinal == 1) return dcr::testing::delivery_fault::drop;
-              if (key.attempt > 0 && ordinal == 0) return dcr::testing::delivery_fault::stale;
-              return dcr::testing::delivery_fault::none;
-            }
-            return key.attempt == 0 && ordinal == 0 ? kind : dcr::testing::delivery_fault::none;
-          });
-      return serve(faulty);
-    }
-    return serve(source);
+      return serve(source);
+    });
   });
 }
 
