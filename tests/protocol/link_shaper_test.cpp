@@ -75,6 +75,7 @@ TEST_CASE("two processes on one shared link share its rate") {
   CHECK(seconds_since(t0) >= (1048576.0 - 2 * burst) / rate - 1e-3);
   auto link = dcr::link_shaper::shared(file, rate, burst);
   CHECK(link.bytes() == 1048576);
+  CHECK(link.local_bytes() == 0);  // this handle booked nothing itself
   CHECK(link.busy_seconds() == doctest::Approx(1048576.0 / rate).epsilon(1e-6));
   std::filesystem::remove(file);
 }

@@ -12,6 +12,7 @@
 
 #include "args.hpp"
 #include "dcr/exec/device.hpp"
+#include "dcr/protocol/link_shaper.hpp"
 #include "dcr/sim/deployment.hpp"
 #include "simulate_backends.hpp"
 #include "simulate_processes.hpp"
@@ -42,6 +43,14 @@ processes:
   --commit C            file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory (= --in-process)
                         (default file, in the work directory)
   --store DIR           filesystem payload store directory (default: in the work directory)
+  --transport T         file: how payloads travel from owners to receivers (default file, the
+                        filesystem payload store)
+  --trainer-nodes N     owners are grouped into N trainer nodes (trainer rank mod N), each with
+                        one cross-cluster flow (default 1)
+  --rollout-nodes N     receiver ranks are grouped into N rollout nodes (rank mod N), each
+                        with one cross-cluster flow (default 1)
+  --link-rate RATE      shape every cross-cluster flow to RATE (e.g. 20MB/s, 1Gbps; default
+                        0, unlimited); local links are not shaped
   --keep                keep the work directory (control plane, payloads, per-process results)
   --kill ROLE[/ID]:STEP SIGKILL receiver/owner/coordinator ID (default 0) in the middle of step
                         STEP (a receiver during apply, an owner while putting payloads, the
@@ -177,6 +186,17 @@ int simulate_main(const std::vector<std::string>& argv) {
   ps.argv = argv;
   ps.commit = args.value("--commit", "file");
   ps.store = args.value("--store", "");
+  ps.transport = args.value("--transport", "file");
+  ps.trainer_nodes = static_cast<int>(args.integer("--trainer-nodes", 1));
+  ps.rollout_nodes = static_cast<int>(args.integer("--rollout-nodes", 1));
+  try {
+    ps.link_rate = dcr::parse_link_rate(args.value("--link-rate", "0"));
+  } catch (const dcr::error& e) {
+    throw usage_error(std::string("--link-rate: ") + message_of(e));
+  }
+  if (ps.trainer_nodes < 1 || ps.rollout_nodes < 1)
+    throw usage_error("--trainer-nodes and --rollout-nodes must be at least 1");
+  if (ps.transport != "file") throw usage_error("--transport must be file");
   ps.keep = args.flag("--keep");
   ps.asynchronous = args.flag("--async");
   ps.pipelined = !args.flag("--no-pipeline");
@@ -209,6 +229,9 @@ int simulate_main(const std::vector<std::string>& argv) {
   if (ps.commit != "file" && ps.commit != "memory" && ps.commit.rfind("file:", 0) != 0 &&
       ps.commit.rfind("etcd://", 0) != 0 && ps.commit.rfind("etcds://", 0) != 0)
     throw usage_error("--commit must be file[:DIR], etcd://HOST:PORT[/PREFIX] or memory");
+  if (in_process && (ps.transport != "file" || ps.link_rate > 0 || ps.trainer_nodes > 1 ||
+                     ps.rollout_nodes > 1))
+    throw usage_error("--transport, --link-rate and the node options need separate processes (not --in-process)");
   if (in_process && (!ps.kills.empty() || ps.commit_outage >= 0 || ps.asynchronous))
     throw usage_error("--kill, --commit-outage and --async need separate processes (not --in-process)");
   if (in_process && (fault_text == "reorder" || fault_text == "delay" || fault_text == "stale"))

@@ -201,10 +201,11 @@ int run_owner(const simulate_settings& s) {
         trainer.advance_to(step, schedule);
         spans(cand, inputs);
         const auto t0 = protocol_clock::now();
+        const auto flows0 = flow_bytes();
         agent.serve_transition("step " + std::to_string(step), cand, inputs, deadline_of(s));
         json j{{"step", step}, {"report", agent.last_report()},
                {"seconds", std::chrono::duration<double>(protocol_clock::now() - t0).count()},
-               {"tracker_bytes", owner.tracker_bytes()}};
+               {"tracker_bytes", owner.tracker_bytes()}, {"flows", flow_bytes_since(flows0)}};
         const std::string device = owner.detect_device();
         j["devices"] = {{"detect", device}, {"project", device}, {"tracker_update", device}};
         j["timeline"] = timeline_json(agent.last_timeline());
@@ -266,7 +267,19 @@ int run_receiver(const simulate_settings& s) {
         dcr::receiver_agent agent("r" + std::to_string(rank), rx, registry.fingerprint(), plane, src,
                                   o, gate);
         agent.start(v, !s.restarted, deadline);
-        auto verify = [&](std::uint64_t held, double serve_seconds) {
+        // A step's line: what it served (and the bytes it moved over its node's flow) and,
+        // where it verifies, the dense-refit comparison.
+        auto report_step = [&](std::uint64_t held, double serve_seconds,
+                               const std::map<std::string, std::uint64_t>& flows, bool check) {
+          if (!check) {  // --verify last: only the timeline and counters of this step
+            json j{{"step", held}, {"bit_exact", true}, {"verified", false}, {"mismatch", ""},
+                   {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", serve_seconds},
+                   {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
+                   {"apply_device", rx.apply_device()}, {"flows", flows}};
+            j["timeline"] = timeline_json(agent.last_timeline());
+            append_line(s, j);
+            return;
+          }
           // A dense refit of version `held` through this receiver's own loader, into fresh
           // storage, compared byte for byte (padding included).
           const auto v0 = protocol_clock::now();
@@ -285,30 +298,26 @@ int run_receiver(const simulate_settings& s) {
                  {"verify_seconds", std::chrono::duration<double>(protocol_clock::now() - v0).count()},
                  {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
                  {"gate_closes", gate_closes.load()}, {"gate_opens", gate_opens.load()},
-                 {"storage_bytes", storage.bytes()}, {"apply_device", rx.apply_device()}};
+                 {"storage_bytes", storage.bytes()}, {"apply_device", rx.apply_device()},
+                 {"flows", flows}};
           j["timeline"] = timeline_json(agent.last_timeline());
           append_line(s, j);
         };
         std::uint64_t held = v;
         if (s.restarted) {  // restored through the protocol first, then verified
           const auto t0 = protocol_clock::now();
+          const auto flows0 = flow_bytes();
           held = agent.serve_until(v, deadline_of(s));
-          verify(held, std::chrono::duration<double>(protocol_clock::now() - t0).count());
+          report_step(held, std::chrono::duration<double>(protocol_clock::now() - t0).count(),
+                      flow_bytes_since(flows0), true);
         }
         while (held < static_cast<std::uint64_t>(s.steps)) {
           const auto t0 = protocol_clock::now();
+          const auto flows0 = flow_bytes();
           held = agent.serve_until(held + 1, deadline_of(s));
           const double served = std::chrono::duration<double>(protocol_clock::now() - t0).count();
-          if (s.verify_every || held >= static_cast<std::uint64_t>(s.steps)) {
-            verify(held, served);
-          } else {  // --verify last: only the timeline and counters of this step
-            json j{{"step", held}, {"bit_exact", true}, {"verified", false}, {"mismatch", ""},
-                   {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", served},
-                   {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
-                   {"apply_device", rx.apply_device()}};
-            j["timeline"] = timeline_json(agent.last_timeline());
-            append_line(s, j);
-          }
+          report_step(held, served, flow_bytes_since(flows0),
+                      s.verify_every || held >= static_cast<std::uint64_t>(s.steps));
         }
         return 0;
       };
@@ -573,6 +582,20 @@ int run_simulate_processes(const simulate_settings& settings) {
           fetch = std::max(fetch, k["fetch_seconds"].get<double>());
         }
     }
+    // Cross-cluster flows: the bytes every process moved over each node's flow this step; the
+    // busiest flow's booked time is the step's transport lower bound.
+    std::map<std::string, std::uint64_t> flows;
+    for (const auto* lines : {&owner_lines[step], &receiver_lines[step]})
+      for (const auto& line : *lines)
+        if (line.contains("flows"))
+          for (const auto& [name, b] : line["flows"].items()) flows[name] += b.get<std::uint64_t>();
+    std::uint64_t crossing = 0, busiest = 0;
+    for (const auto& [name, b] : flows) {
+      crossing += b;
+      busiest = std::max(busiest, b);
+    }
+    const json transport_seconds =
+        s.link_rate > 0 ? json(static_cast<double>(busiest) / s.link_rate) : json(nullptr);
     json one{{"step", step}, {"committed", committed}, {"committed_once", once},
              {"bit_exact", exact}, {"attempts", st["attempts"].size()},
              {"payloads", payloads}, {"payload_bytes", bytes}, {"changed_elements", changed},
@@ -581,7 +604,9 @@ int run_simulate_processes(const simulate_settings& settings) {
                           {"build", build}, {"compress_put", compress}, {"fetch", fetch},
                           {"apply", apply},
                           {"waiting_for_candidates", st.value("wait_seconds", 0.0)},
-                          {"cleanup", st.value("cleanup_seconds", 0.0)}}},
+                          {"cleanup", st.value("cleanup_seconds", 0.0)},
+                          {"transport", transport_seconds}}},
+             {"bytes_crossing", crossing}, {"flows", flows},
              {"failures", failures_list}};
     if (!mismatch.empty()) one["mismatch"] = mismatch;
     if (!owner_lines[step].empty()) {
@@ -611,6 +636,8 @@ int run_simulate_processes(const simulate_settings& settings) {
     json out{{"mode", "processes"}, {"checkpoint_bytes", checkpoint_bytes},
              {"canonical_tensors", registry.size()}, {"commit", uses_etcd(s) ? s.commit : "file"},
              {"asynchronous", s.asynchronous}, {"pipelined", s.pipelined},
+             {"transport", s.transport}, {"link_rate", s.link_rate},
+             {"trainer_nodes", s.trainer_nodes}, {"rollout_nodes", s.rollout_nodes},
              {"steps", report_steps}, {"processes", processes}, {"restores", restores},
              {"fenced_payloads", fenced}, {"commit_outage_injected", outage_done.load()},
              {"seconds", total_seconds},

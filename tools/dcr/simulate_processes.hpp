@@ -46,6 +46,12 @@ struct simulate_settings {
   // Processes.
   std::string commit = "file";  ///< file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory
   std::string store;            ///< payload store directory ("" = in the work directory)
+  std::string transport = "file";  ///< --transport: how payloads travel (simulate_transport.hpp)
+  /// Nodes: owner processes are grouped into trainer nodes (trainer rank % trainer_nodes) and receiver ranks
+  /// into rollout nodes (rank % rollout_nodes); each node has one cross-cluster flow, shaped
+  /// to link_rate bytes per second (0: unlimited, counted only). Local links are not shaped.
+  int trainer_nodes = 1, rollout_nodes = 1;
+  double link_rate = 0;
   bool keep = false;
   bool asynchronous = false;
   bool pipelined = true;

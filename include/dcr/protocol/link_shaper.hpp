@@ -100,6 +100,7 @@ class link_shaper {
   /// Books `bytes` on the link and waits until they may go (see the file comment).
   void consume(std::uint64_t bytes) {
     std::atomic_ref<std::uint64_t>(state_->bytes).fetch_add(bytes, std::memory_order_relaxed);
+    local_bytes_->fetch_add(bytes, std::memory_order_relaxed);
     if (rate_ <= 0 || bytes == 0) return;
     const auto cost = static_cast<std::int64_t>(std::llround(static_cast<double>(bytes) * 1e9 / rate_));
     std::atomic_ref<std::int64_t>(state_->busy_ns).fetch_add(cost, std::memory_order_relaxed);
@@ -117,6 +118,8 @@ class link_shaper {
   [[nodiscard]] std::uint64_t bytes() const {
     return std::atomic_ref<std::uint64_t>(state_->bytes).load(std::memory_order_relaxed);
   }
+  /// Bytes booked through this handle (and its moved-from predecessors) only.
+  [[nodiscard]] std::uint64_t local_bytes() const { return local_bytes_->load(); }
   /// Seconds the link was booked so far: bytes / rate (0 when unlimited).
   [[nodiscard]] double busy_seconds() const {
     return static_cast<double>(std::atomic_ref<std::int64_t>(state_->busy_ns).load()) * 1e-9;
@@ -140,6 +143,7 @@ class link_shaper {
 
   std::unique_ptr<counters> owned_;
   std::shared_ptr<void> mapped_;
+  std::unique_ptr<std::atomic<std::uint64_t>> local_bytes_ = std::make_unique<std::atomic<std::uint64_t>>(0);
   counters* state_;
   double rate_;
   double burst_;
