@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # install-deps.sh: installs what dcr's build and tests need on Debian 12: the apt packages below
-# (clang and its libFuzzer runtime for the decoder fuzz run, nlohmann-json for safetensors headers)
+# (clang and its libFuzzer runtime for the decoder fuzz run, nlohmann-json for safetensors headers,
+# standalone Asio and OpenSSL for the relay transport, the openssl tool for its test certificates)
 # and the Python modules safetensors and numpy (pip). Idempotent: it checks first, so a run with
 # nothing missing touches neither apt nor pip and takes well under a second. Uses sudo only when
 # not run as root.
@@ -8,7 +9,8 @@ set -euo pipefail
 
 packages=(build-essential pkg-config meson ninja-build ccache libzstd-dev libxxhash-dev libfmt-dev
           doctest-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev zstd xdelta3 clang
-          libclang-rt-14-dev libcurl4-openssl-dev etcd-server etcd-client)
+          libclang-rt-14-dev libcurl4-openssl-dev etcd-server etcd-client libasio-dev libssl-dev
+          openssl)
 
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
