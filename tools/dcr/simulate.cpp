@@ -43,8 +43,18 @@ processes:
   --commit C            file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory (= --in-process)
                         (default file, in the work directory)
   --store DIR           filesystem payload store directory (default: in the work directory)
-  --transport T         file: how payloads travel from owners to receivers (default file, the
-                        filesystem payload store)
+  --transport T         file | relay: how payloads travel from owners to receivers (default
+                        file, the filesystem payload store; relay: owners stream to relay roots
+                        that forward to every receiver's node over mutual TLS, see
+                        docs/transports.md)
+  --relay-roots N       relay roots, each its own process with its own cross-cluster flow(s);
+                        payloads are striped over them (default 4; 1 is the paper's relay tree)
+  --relay-flows N       cross-cluster flows per root: owner o uses flow o mod N (default 1)
+  --relay-port-base N   roots listen on 127.0.0.1:N.., then receiver r's node on N+roots+r
+                        (default: a free range)
+  --relay-certs DIR     the CA and certificates (DIR/ca.pem, DIR/{owner,root,node}.{pem,key}, as
+                        scripts/make-test-certs.sh DIR writes them; default: a throwaway CA made
+                        in the work directory)
   --trainer-nodes N     owners are grouped into N trainer nodes (trainer rank mod N), each with
                         one cross-cluster flow (default 1)
   --rollout-nodes N     receiver ranks are grouped into N rollout nodes (rank mod N), each
@@ -52,10 +62,11 @@ processes:
   --link-rate RATE      shape every cross-cluster flow to RATE (e.g. 20MB/s, 1Gbps; default
                         0, unlimited); local links are not shaped
   --keep                keep the work directory (control plane, payloads, per-process results)
-  --kill ROLE[/ID]:STEP SIGKILL receiver/owner/coordinator ID (default 0) in the middle of step
-                        STEP (a receiver during apply, an owner while putting payloads, the
-                        coordinator with every acknowledgement in and before the commit); it is
-                        started again and recovers; repeatable
+  --kill ROLE[/ID]:STEP SIGKILL receiver/owner/coordinator/relay-root ID (default 0) in the
+                        middle of step STEP (a receiver during apply, an owner while putting
+                        payloads, the coordinator with every acknowledgement in and before the
+                        commit, a relay root once it forwarded a first chunk); it is started
+                        again and recovers; repeatable
   --commit-outage STEP  the control plane is unreachable for 3 s during step STEP (the file
                         store's directory moved aside; an etcd server whose pid is in
                         DCR_ETCD_PID frozen with SIGSTOP)
@@ -196,7 +207,15 @@ int simulate_main(const std::vector<std::string>& argv) {
   }
   if (ps.trainer_nodes < 1 || ps.rollout_nodes < 1)
     throw usage_error("--trainer-nodes and --rollout-nodes must be at least 1");
-  if (ps.transport != "file") throw usage_error("--transport must be file");
+  if (ps.transport != "file" && ps.transport != "relay") throw usage_error("--transport must be file or relay");
+  ps.relay_roots = static_cast<int>(args.integer("--relay-roots", 4));
+  ps.relay_flows = static_cast<int>(args.integer("--relay-flows", 1));
+  ps.relay_port_base = static_cast<int>(args.integer("--relay-port-base", 0));
+  ps.relay_certs = args.value("--relay-certs", "");
+  if (ps.relay_roots < 1 || ps.relay_flows < 1)
+    throw usage_error("--relay-roots and --relay-flows must be at least 1");
+  if (ps.relay_port_base < 0 || ps.relay_port_base > 65535)
+    throw usage_error("--relay-port-base must be a port number");
   ps.keep = args.flag("--keep");
   ps.asynchronous = args.flag("--async");
   ps.pipelined = !args.flag("--no-pipeline");
@@ -215,8 +234,9 @@ int simulate_main(const std::vector<std::string>& argv) {
       kr.id = std::stoi(kr.role.substr(slash + 1));
       kr.role = kr.role.substr(0, slash);
     }
-    if (kr.role != "receiver" && kr.role != "owner" && kr.role != "coordinator")
-      throw usage_error("--kill: ROLE must be receiver, owner or coordinator");
+    if (kr.role != "receiver" && kr.role != "owner" && kr.role != "coordinator" &&
+        !(kr.role == "relay-root" && ps.transport == "relay"))
+      throw usage_error("--kill: ROLE must be receiver, owner or coordinator (or relay-root with --transport relay)");
     kr.step = std::stoll(k.substr(colon + 1));
     ps.kills.push_back(kr);
   }
