@@ -302,8 +302,12 @@ class owner_agent {
     const double u0 = unix_seconds_now();
     timeline_.clear();
     ids_.clear();
-    // A push transport routes by attempt: it learns the attempt and its receivers first.
-    if constexpr (attempt_routed_sink<Store>) store_->open_attempt(a.key(), a.receivers);
+    // A push transport routes by attempt: it learns the attempt, its receivers and its
+    // deadline first.
+    if constexpr (attempt_routed_sink<Store>)
+      store_->open_attempt(a.key(), a.receivers,
+                           clock::now() + std::chrono::milliseconds(std::max<std::int64_t>(
+                                              0, a.deadline_unix_ms - unix_ms_now())));
     std::uint32_t sequence = 0;
     std::uint64_t records = 0;
     double compress = 0, put_time = 0;

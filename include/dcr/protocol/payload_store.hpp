@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <filesystem>
@@ -63,13 +64,15 @@ concept payload_sink =
       s.put_manifest(key, owner, ids);    // the owner's complete list for the attempt
     };
 
-/// A sink that routes by attempt (a push transport) is told each attempt and the receivers it
-/// requires before the owner's first put of it; the owner agent calls open_attempt when the
-/// sink has it.
+/// A sink that routes by attempt (a push transport) is told each attempt, the receivers it
+/// requires and its deadline (the coordinator fails the attempt then: no wait of the sink for
+/// that attempt need last longer) before the owner's first put of it; the owner agent calls
+/// open_attempt when the sink has it.
 template <class S>
 concept attempt_routed_sink =
-    payload_sink<S> && requires(S& s, const attempt_key& key, std::span<const std::string> receivers) {
-      s.open_attempt(key, receivers);
+    payload_sink<S> && requires(S& s, const attempt_key& key, std::span<const std::string> receivers,
+                                std::chrono::steady_clock::time_point deadline) {
+      s.open_attempt(key, receivers, deadline);
     };
 
 /// What the coordinator needs after a commit: drop what it made obsolete.

@@ -4,7 +4,8 @@
 // delivered to every receiver the attempt requires.
 //
 // Per attempt (the owner agent calls these in this order, from one thread at a time):
-//   open_attempt(key, receivers)  connects to every root that is not connected (retrying an
+//   open_attempt(key, receivers, deadline)
+//                                 connects to every root that is not connected (retrying an
 //                                 unreachable one until connect_timeout; a TLS refusal fails at
 //                                 once), announces the attempt and waits until every root
 //                                 answers that the required receivers are reachable
@@ -19,10 +20,12 @@
 // owner's payloads spread over every root (and so over every cross-cluster flow) whatever the
 // number of owners, and each payload crosses the boundary once per attempt.
 //
-// Failures are errc::transport_failure naming the root (and, through it, the node or receiver):
-// a root that cannot be reached or refuses this peer, a root lost mid-attempt (what it had not
-// acknowledged is lost), a nack, or no progress (credit, acknowledgement) for stall_timeout. A
-// later open_attempt reconnects to lost roots. Putting an id again in the same attempt is a
+// Every wait of an attempt (ready, credit, acknowledgements) ends at the attempt's deadline, when
+// the coordinator fails the attempt anyway; slow receivers legitimately hold credit and
+// acknowledgements back until then. Failures are errc::transport_failure naming the root (and,
+// through it, the node or receiver): a root that cannot be reached or refuses this peer, a root
+// lost mid-attempt (what it had not acknowledged is lost), a nack, or the deadline. A later
+// open_attempt reconnects to lost roots. Putting an id again in the same attempt is a
 // no-op with equal bytes and an error with other bytes, as in every store.
 #pragma once
 
@@ -33,6 +36,7 @@
 #include <mutex>
 #include <set>
 
+#include "dcr/protocol/control_plane.hpp"
 #include "dcr/protocol/link_shaper.hpp"
 #include "dcr/protocol/payload_store.hpp"
 #include "dcr/protocol/relay_link.hpp"
@@ -48,9 +52,6 @@ struct relay_owner_options {
   std::size_t chunk_bytes = std::size_t{1} << 20;  ///< cut-through unit (at most the root's window)
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds handshake_timeout{10000};
-  /// Longest wait without progress from a root (credit, acknowledgement, ready); it must exceed
-  /// the roots' ready_timeout so that their reasons arrive first.
-  std::chrono::milliseconds stall_timeout{30000};
   std::string name = "relay owner";  ///< for messages
 };
 
@@ -92,9 +93,11 @@ class relay_owner_store {
   }
   static std::size_t manifest_root_of(std::uint32_t owner, std::size_t roots) noexcept { return owner % roots; }
 
-  void open_attempt(const attempt_key& key, std::span<const std::string> receivers) {
+  void open_attempt(const attempt_key& key, std::span<const std::string> receivers,
+                    protocol_clock::time_point deadline) {
     std::unique_lock lock(mutex_);
     key_ = key;
+    deadline_ = deadline;
     sent_.clear();
     acked_.clear();
     failure_.clear();
@@ -192,18 +195,18 @@ class relay_owner_store {
   }
 
   // Waits (mutex held, released while waiting) until done() or a failure; done() may throw.
-  // Ends with errc::transport_failure after stall_timeout without progress.
+  // Ends with errc::transport_failure at the attempt's deadline.
   template <class Done>
   void wait(std::unique_lock<std::mutex>& lock, const std::string& what, Done done) {
     for (;;) {
       throw_if_failed();
       if (done()) return;
       const auto seen = progress_;
-      if (wake_.wait_for(lock, options_.stall_timeout, [&] { return progress_ != seen; })) continue;
+      if (wake_.wait_until(lock, deadline_, [&] { return progress_ != seen; })) continue;
       throw_if_failed();
       if (done()) return;
-      throw error(errc::transport_failure, options_.name + ": no progress for " +
-                                               std::to_string(options_.stall_timeout.count()) + " ms waiting for " + what);
+      throw error(errc::transport_failure, options_.name + ": the deadline of " + relay_wire::describe(*key_) +
+                                               " passed waiting for " + what);
     }
   }
 
@@ -338,12 +341,13 @@ class relay_owner_store {
   std::condition_variable wake_;
   std::vector<root_state> roots_;
   std::optional<attempt_key> key_;
+  protocol_clock::time_point deadline_{};
   std::map<payload_id, std::uint64_t> sent_;  // id -> hash of its bytes
   std::set<payload_id> acked_;
   std::uint32_t manifest_owner_ = 0;
   bool manifest_acked_ = false;
   std::string failure_;
-  std::uint64_t progress_ = 0;  // frames heard (any root): what stall_timeout measures
+  std::uint64_t progress_ = 0;  // frames heard from any root, or roots lost
   relay_owner_stats stats_;
 };
 
