@@ -21,6 +21,7 @@
 #include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/receiver_agent.hpp"
 #include "dcr/protocol/relay.hpp"
+#include "dcr/sim/deployment.hpp"
 #include "dcr/sim/moe_engine.hpp"
 #include "dcr/sim/moe_model.hpp"
 #include "dcr/sim/rank_owner.hpp"
@@ -586,17 +587,7 @@ struct relay_deployment {
     }
     trainer.assemble_canonical(spans);
   }
-  void dense_load(engine_receiver& rx) {
-    for (std::size_t id = 0; id < registry.size(); ++id) {
-      const auto& tensor = registry.at(static_cast<dcr::tensor_id>(id));
-      dcr::visit_word(dcr::dtype_size(tensor.type), [&](auto w) {
-        using W = decltype(w);
-        rx.template dense_load<W>(static_cast<dcr::tensor_id>(id),
-                                  dcr::tensor_view<const W>::contiguous(
-                                      reinterpret_cast<const W*>(canonical[id].data()), tensor.shape));
-      });
-    }
-  }
+  void dense_load(engine_receiver& rx) { dcr::sim::dense_load_all(rx, registry, canonical); }
 
   /// One transition: every agent on its own thread, the coordinator here. Returns its summary.
   dcr::transition_summary step(double rate) {
