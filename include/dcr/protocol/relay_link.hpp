@@ -53,6 +53,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dcr/codec/item.hpp"
@@ -126,14 +128,36 @@ constexpr std::size_t max_body_bytes = (std::size_t{16} << 20) + 256;
 /// Bytes of a chunk frame besides its data.
 constexpr std::size_t chunk_overhead = header_bytes + 28 + 16;
 
-using frame_ptr = std::shared_ptr<const std::vector<std::byte>>;
+/// An allocator that leaves bytes uninitialized (a std::vector of std::byte would clear every
+/// chunk and payload buffer before it is overwritten: a page-touching memset per frame).
+template <class T>
+struct uninitialized_allocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = uninitialized_allocator<U>;
+  };
+  uninitialized_allocator() noexcept = default;
+  template <class U>
+  uninitialized_allocator(const uninitialized_allocator<U>&) noexcept {}  // NOLINT
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+/// Frame and payload bytes.
+using buffer = std::vector<std::byte, uninitialized_allocator<std::byte>>;
+using frame_ptr = std::shared_ptr<const buffer>;
 
 /// Builds one frame: header, then fields appended in order.
 class writer {
  public:
   explicit writer(relay_frame type, std::size_t reserve = 64) {
     bytes_.reserve(header_bytes + reserve);
-    bytes_.resize(header_bytes);
+    bytes_.assign(header_bytes, std::byte{0});  // reserved fields zero (resize would leave them)
     bytes_[0] = static_cast<std::byte>(type);
   }
   writer& u8(std::uint8_t v) { return raw(&v, 1); }
@@ -160,7 +184,7 @@ class writer {
     DCR_EXPECTS(body <= max_body_bytes, errc::overflow, "relay: frame body too large");
     const auto n = static_cast<std::uint32_t>(body);
     for (int i = 0; i < 4; ++i) bytes_[4 + i] = static_cast<std::byte>(n >> (8 * i));
-    return std::make_shared<const std::vector<std::byte>>(std::move(bytes_));
+    return std::make_shared<const buffer>(std::move(bytes_));
   }
 
  private:
@@ -170,7 +194,7 @@ class writer {
     for (std::size_t i = 0; i < sizeof(T); ++i) b[i] = static_cast<std::byte>(v >> (8 * i));
     return raw(b, sizeof(T));
   }
-  std::vector<std::byte> bytes_;
+  buffer bytes_;
 };
 
 /// Reads the fields of one frame body; every read is bounds-checked and throws
@@ -482,7 +506,7 @@ class relay_link : public std::enable_shared_from_this<relay_link> {
       return close("malformed frame from " + peer_ + " (reserved header bits set)");
     if (n > relay_wire::max_body_bytes)
       return close("malformed frame from " + peer_ + " (body of " + std::to_string(n) + " bytes)");
-    auto frame = std::make_shared<std::vector<std::byte>>(relay_wire::header_bytes + n);
+    auto frame = std::make_shared<relay_wire::buffer>(relay_wire::header_bytes + n);
     std::memcpy(frame->data(), header_.data(), relay_wire::header_bytes);
     auto* body = frame->data() + relay_wire::header_bytes;
     asio::async_read(stream_, asio::buffer(body, n),

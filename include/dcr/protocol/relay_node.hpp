@@ -114,7 +114,7 @@ class relay_node {
     std::set<payload_id> discarding;   // payloads whose remaining chunks are ignored
   };
   struct held_payload {
-    std::shared_ptr<std::vector<std::byte>> bytes;
+    std::shared_ptr<relay_wire::buffer> bytes;
     std::uint64_t received = 0;
     bool complete = false;
     std::shared_ptr<root_conn> from;
@@ -297,7 +297,7 @@ class relay_node {
       DCR_EXPECTS(c->outstanding == 0 || c->outstanding + chunk.total <= options_.window_bytes,
                   errc::corrupt_payload, "root " + c->peer + " overran the window it was granted");
       auto& h = held_[chunk.id];
-      h.bytes = std::make_shared<std::vector<std::byte>>(chunk.total);
+      h.bytes = std::make_shared<relay_wire::buffer>(chunk.total);
       h.from = c;
       c->outstanding += chunk.total;
       stats_.held_bytes += chunk.total;
@@ -482,7 +482,7 @@ class relay_node {
         while (s.cursor < arrival_.size()) {
           const payload_id id = arrival_[s.cursor++];
           if (s.taken.contains(id) || !std::binary_search(s.owners.begin(), s.owners.end(), id.owner)) continue;
-          std::shared_ptr<std::vector<std::byte>> bytes;
+          std::shared_ptr<relay_wire::buffer> bytes;
           if (auto h = held_.find(id); h != held_.end()) bytes = h->second.bytes;
           else bytes = cached(id);
           if (!bytes) continue;  // released without this receiver (it was not expected)
@@ -519,14 +519,14 @@ class relay_node {
     return true;
   }
 
-  std::shared_ptr<std::vector<std::byte>> cached(const payload_id& id) const {
+  std::shared_ptr<relay_wire::buffer> cached(const payload_id& id) const {
     for (const auto& [cid, bytes] : cache_)
       if (cid == id) return bytes;
     return nullptr;
   }
 
   bool refetch(const payload_id& id, std::vector<std::byte>& bytes) {
-    std::shared_ptr<std::vector<std::byte>> held;
+    std::shared_ptr<relay_wire::buffer> held;
     {
       std::lock_guard lock(mutex_);
       if (auto h = held_.find(id); h != held_.end() && h->second.complete) held = h->second.bytes;
@@ -554,7 +554,7 @@ class relay_node {
   std::vector<payload_id> arrival_;  // completed payloads of the current attempt, in order
   std::set<payload_id> delivered_ok_;
   std::map<payload_id, std::string> failed_;
-  std::deque<std::pair<payload_id, std::shared_ptr<std::vector<std::byte>>>> cache_;
+  std::deque<std::pair<payload_id, std::shared_ptr<relay_wire::buffer>>> cache_;
   std::uint64_t cache_bytes_ = 0;
   std::string failure_;  // the current attempt cannot complete here
   relay_node_stats stats_;
