@@ -131,4 +131,12 @@ int with_receiver_source(const simulate_settings& s, F&& f) {
   return f(source);
 }
 
+/// The object storage of the full-checkpoint reference (simulate_reference.hpp): the transport's
+/// store where it is object storage, else a filesystem store; in a place of its own.
+template <class F>
+int with_reference_store(const simulate_settings& s, F&& f) {
+  dcr::file_payload_store store(std::filesystem::path(s.workdir) / "reference");
+  return f(store);
+}
+
 }  // namespace dcr_tool
