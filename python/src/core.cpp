@@ -46,7 +46,8 @@ struct shared_callable {
         }) {}
 };
 
-// 1-d NumPy array of unsigned words over `bytes` (valid for the duration of a call only).
+// 1-d NumPy array of unsigned words over `bytes`, no copy (rv_policy::reference): valid for the
+// duration of the call only.
 template <bool Writable>
 nb::object word_array(std::conditional_t<Writable, std::span<std::byte>, std::span<const std::byte>> bytes,
                       dcr::dtype type) {
@@ -55,9 +56,9 @@ nb::object word_array(std::conditional_t<Writable, std::span<std::byte>, std::sp
                              static_cast<std::uint8_t>(8 * dcr::dtype_size(type)), 1};
   void* data = const_cast<std::byte*>(bytes.data());
   if constexpr (Writable) {
-    return nb::cast(nb::ndarray<nb::numpy>(data, 1, shape, nb::handle(), nullptr, dt));
+    return nb::cast(nb::ndarray<nb::numpy>(data, 1, shape, nb::handle(), nullptr, dt), nb::rv_policy::reference);
   } else {
-    return nb::cast(nb::ndarray<nb::numpy, nb::ro>(data, 1, shape, nb::handle(), nullptr, dt));
+    return nb::cast(nb::ndarray<nb::numpy, nb::ro>(data, 1, shape, nb::handle(), nullptr, dt), nb::rv_policy::reference);
   }
 }
 
