@@ -117,12 +117,10 @@ inline std::vector<std::span<const std::byte>> tensor_spans(
   return out;
 }
 
-/// The message of the Python exception being handled (GIL held), as "Type: message".
-inline std::string current_python_error() {
-  nb::python_error e;
-  std::string s = e.what();
-  e.discard_as_unraisable(nb::str("dcr"));  // it becomes part of the dcr::error message
-  return s;
+/// "Type: message" of a Python exception caught in a callback (GIL held), without traceback.
+inline std::string python_error_text(const nb::python_error& e) {
+  std::string type = nb::cast<std::string>(nb::str(e.type().attr("__name__")));
+  return type + ": " + nb::cast<std::string>(nb::str(e.value()));
 }
 
 void bind_core(nb::module_& m);

@@ -213,7 +213,7 @@ void bind_core(nb::module_& m) {
                  for (std::size_t k = 0; k < ins.size(); ++k) arrays.append(word_array<false>(ins[k], in_types[k]));
                  (*fn.fn)(output, arrays, word_array<true>(dst, out_types[output]));
                } catch (nb::python_error& e) {
-                 const std::string what = e.what();
+                 const std::string what = python_error_text(e);
                  throw dcr::error(dcr::errc::invalid_argument,
                                   "residual task '" + name + "': conversion of '" + out_names[output] +
                                       "' raised " + what);

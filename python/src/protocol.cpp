@@ -215,7 +215,7 @@ std::function<void()> gate_callback(nb::object fn, const char* which) {
     try {
       (*shared)();
     } catch (nb::python_error& e) {
-      const std::string what = e.what();
+      const std::string what = python_error_text(e);
       throw dcr::error(dcr::errc::invalid_argument, std::string("request gate ") + which + " raised " + what);
     }
   };
