@@ -128,6 +128,7 @@ void bind_owner(nb::module_& m);
 void bind_receiver(nb::module_& m);
 void bind_protocol(nb::module_& m);
 void bind_io(nb::module_& m);
+void bind_baseline(nb::module_& m);
 
 }  // namespace dcr_py
 

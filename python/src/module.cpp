@@ -95,4 +95,5 @@ NB_MODULE(_dcr, m) {
   bind_receiver(m);
   bind_protocol(m);
   bind_io(m);
+  bind_baseline(m);
 }
