@@ -8,36 +8,15 @@
 
 #include "common.hpp"
 #include "dcr/io/checkpoint.hpp"
+#include "dcr/io/report_json.hpp"
 
 namespace dcr_py {
 namespace {
 
 const char* encoding_names[3] = {"overwrite", "xor", "ulp"};
 
-nb::dict diff_dict(const dcr::io::diff_report& r) {
-  nb::dict d;
-  d["tensors"] = r.tensors;
-  d["changed_tensors"] = r.changed_tensors;
-  d["elements"] = r.elements;
-  d["changed_elements"] = r.changed_elements;
-  d["change_rate"] = r.elements ? static_cast<double>(r.changed_elements) / static_cast<double>(r.elements) : 0.0;
-  d["checkpoint_bytes"] = r.checkpoint_bytes;
-  d["tensor_bytes"] = r.tensor_bytes;
-  d["delta_bytes"] = r.delta_bytes;
-  d["payloads"] = r.payloads;
-  d["items"] = r.items;
-  nb::dict items, records;
-  for (int e = 0; e < 3; ++e) {
-    items[encoding_names[e]] = r.items_by_encoding[e];
-    records[encoding_names[e]] = r.records_by_encoding[e];
-  }
-  d["items_by_encoding"] = items;
-  d["records_by_encoding"] = records;
-  d["seconds"] = r.seconds;
-  d["scan_seconds"] = r.scan_seconds;
-  d["encode_seconds"] = r.encode_seconds;
-  d["write_seconds"] = r.write_seconds;
-  return d;
+nb::object dict_of(const nlohmann::ordered_json& j) {
+  return nb::module_::import_("json").attr("loads")(j.dump());
 }
 
 }  // namespace
@@ -61,7 +40,7 @@ void bind_io(nb::module_& m) {
             nb::gil_scoped_release release;
             r = dcr::io::diff_checkpoints(old_path, new_path, out, o);
           }
-          return diff_dict(r);
+          return dict_of(dcr::io::report_json(r));
         },
         nb::arg("old"), nb::arg("new"), nb::arg("out"), nb::arg("encoding") = "mixed", nb::arg("level") = 1,
         nb::arg("payload_records") = std::size_t{1} << 21);
@@ -74,16 +53,7 @@ void bind_io(nb::module_& m) {
             r = out ? dcr::io::apply_delta(delta, base, *out)
                     : dcr::io::apply_delta_in_place(delta, base, dcr::io::in_place_options_from_environment());
           }
-          nb::dict d;
-          d["tensors"] = r.tensors;
-          d["payloads"] = r.payloads;
-          d["changed_elements"] = r.records;
-          d["output_bytes"] = r.output_bytes;
-          d["already_applied"] = r.already_applied;
-          d["recovered"] = r.recovered;
-          d["verified"] = true;
-          d["seconds"] = r.seconds;
-          return d;
+          return dict_of(dcr::io::report_json(r));
         },
         nb::arg("delta"), nb::arg("base"), nb::arg("out") = nb::none());
 
