@@ -7,7 +7,8 @@ interception on all-MiniLM-L6-v2 (load_state_dict of a BF16 and an FP32 transfor
     PYTHONPATH=build/python python benchmarks/python/bench_python.py [--gib 1] [--repeats 3]
 
 Prints Markdown. Buffers are allocated and touched before timing (first touch is expensive on
-these machines); each figure is the best of --repeats.
+these machines); each figure is the best of --repeats (the C++ side
+repeats inside C++, each on an owner or receiver of its own built the same way).
 """
 
 from __future__ import annotations
@@ -50,12 +51,12 @@ def main(gib, repeats, rate=0.01):
     tasks = [dcr.AffineTask(reg, n, dcr.replicated(s), n) for n, _, s in reg.entries()]
     owner = dcr.Owner(reg, 0, tasks)
     owner.initialize(as_bf16(committed))
-    py_build, cpp_build = [], []
+    py_build = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         payloads = owner.build_payloads(as_bf16(candidate), 0, 1)
         py_build.append(time.perf_counter() - t0)
-        cpp_build.append(_dcr._baseline_owner_build(reg, args(committed), args(candidate)))
+    cpp_build = [_dcr._baseline_owner_build(reg, args(committed), args(candidate), repeats)]
 
     # ---- receiver apply: the engine's NumPy loader compiled vs the C++ receiver.
     storage = [w.copy() for w in committed]
@@ -67,7 +68,7 @@ def main(gib, repeats, rate=0.01):
             sink.copy(engine[names.index(name)], w)
     rx = dcr.Receiver(reg, load_weights, mode="sink").prewarm()
     cpp_storage = [w.copy() for w in committed]
-    py_apply, cpp_apply = [], []
+    py_apply = []
     for k in range(repeats):
         rx.begin_attempt(1, 2)  # another transition in between resets deduplication
         rx.begin_attempt(0, 1)
@@ -75,7 +76,7 @@ def main(gib, repeats, rate=0.01):
         for p in payloads:
             rx.apply_payload(p)
         py_apply.append(time.perf_counter() - t0)
-        cpp_apply.append(_dcr._baseline_receiver_apply(reg, args(cpp_storage), payloads, 0, 1))
+    cpp_apply = [_dcr._baseline_receiver_apply(reg, args(cpp_storage), payloads, 0, 1, repeats)]
     changed = sum(int(np.count_nonzero(a != b)) for a, b in zip(committed, candidate))
     size = sum(w.nbytes for w in committed)
     print(f"Model: {len(names)} BF16 tensors of 4096 x 8192, {size / 2**30:.2f} GiB; "
