@@ -30,8 +30,11 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <span>
@@ -41,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcr/detail/curl.hpp"
 #include "dcr/detail/s3_xml.hpp"
 #include "dcr/error.hpp"
 
@@ -288,14 +292,12 @@ class client {
     const std::string url = url_of(r);
     const std::string hash = config_.sign_payload || r.body.empty() ? sha256_hex(r.body) : "UNSIGNED-PAYLOAD";
     const std::string method(r.method);
-    curl_slist* headers = nullptr;
-    auto add = [&](const std::string& h) {
-      curl_slist* next = curl_slist_append(headers, h.c_str());
-      if (next == nullptr) {
-        curl_slist_free_all(headers);
-        throw std::bad_alloc();
-      }
-      headers = next;
+    std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> headers(nullptr, &curl_slist_free_all);
+    auto add = [&](const std::string& line) {
+      curl_slist* head = curl_slist_append(headers.get(), line.c_str());
+      if (head == nullptr) throw std::bad_alloc();
+      (void)headers.release();  // the same list, or a new one when it was empty
+      headers.reset(head);
     };
     add("x-amz-content-sha256: " + hash);
     if (!config_.session_token.empty()) add("x-amz-security-token: " + config_.session_token);
@@ -304,10 +306,8 @@ class client {
     // although it is not sent, and S3 would refuse the signature. A short wait instead.
 
     CURL* h = acquire();
-    char errbuf[CURL_ERROR_SIZE] = {};
     curl_easy_reset(h);  // keeps the connection, DNS and TLS session caches
     curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, signer_.c_str());
     curl_easy_setopt(h, CURLOPT_USERNAME, config_.access_key_id.c_str());
     curl_easy_setopt(h, CURLOPT_PASSWORD, config_.secret_access_key.c_str());
@@ -321,7 +321,6 @@ class client {
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, config_.stall_timeout_s);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM for timeouts
     curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
     if (r.method == "GET") {
       curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
     } else if (r.method == "HEAD") {
@@ -340,22 +339,17 @@ class client {
     } else {
       curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method.c_str());
     }
-    const CURLcode rc = curl_easy_perform(h);
-    long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, nullptr);
+    const auto outcome = curl_perform(h, headers.release());
     release(h);
-    curl_slist_free_all(headers);
 
     response out;
     out.etag = std::move(t.etag);
-    if (rc != CURLE_OK) {
-      out.curl_code = rc;
-      out.error_message = errbuf[0] != '\0' ? std::string(errbuf) : std::string(curl_easy_strerror(rc));
-      while (!out.error_message.empty() && out.error_message.back() == '\n') out.error_message.pop_back();
+    if (outcome.code != CURLE_OK) {
+      out.curl_code = outcome.code;
+      out.error_message = outcome.message;
       return out;
     }
+    const long status = outcome.status;
     out.status = status;
     // An error body: a non-2xx answer, or a 2xx one whose document is <Error> (S3 reports
     // some failures of CompleteMultipartUpload that way).
