@@ -42,6 +42,26 @@ enum class source_status {
   timed_out,  ///< nothing new before the deadline (call again, or give up)
 };
 
+namespace detail {
+
+/// Calls `each(id)` for every id `listing` holds of an owner in `owners` (sorted); returns
+/// whether every one of `owners` is listed with its manifest in (the attempt is fully listed).
+template <class F>
+bool for_each_listed(const std::vector<owner_listing>& listing, std::span<const std::uint32_t> owners,
+                     F&& each) {
+  bool all_complete = true;
+  std::size_t seen_owners = 0;
+  for (const auto& l : listing) {
+    if (!std::binary_search(owners.begin(), owners.end(), l.owner)) continue;
+    ++seen_owners;
+    all_complete = all_complete && l.complete;
+    for (const auto& id : l.ids) each(id);
+  }
+  return all_complete && seen_owners == owners.size();
+}
+
+}  // namespace detail
+
 template <class S>
 concept payload_source =
     std::same_as<typename S::payload_source_concept, payload_source_tag> &&
@@ -105,18 +125,10 @@ class store_source {
  private:
   // Lists the attempt; queues ids not delivered yet. Returns whether anything was queued.
   bool refill() {
-    const auto listing = store_->list(key_);
-    bool all_complete = true;
-    std::size_t seen_owners = 0;
-    for (const auto& l : listing) {
-      if (!std::binary_search(owners_.begin(), owners_.end(), l.owner)) continue;
-      ++seen_owners;
-      all_complete = all_complete && l.complete;
-      for (const auto& id : l.ids)
-        if (!delivered_.contains(id)) pending_.push_back(id);
-    }
+    complete_ = detail::for_each_listed(store_->list(key_), owners_, [&](const payload_id& id) {
+      if (!delivered_.contains(id)) pending_.push_back(id);
+    });
     missing_.clear();
-    complete_ = all_complete && seen_owners == owners_.size();
     return !pending_.empty();
   }
 
@@ -259,22 +271,12 @@ class prefetch_source {
  private:
   // Queues what the listing adds; notes whether every expected owner is complete.
   void merge(const std::vector<owner_listing>& listing) {
-    bool all_complete = true;
-    std::size_t seen_owners = 0;
-    for (const auto& l : listing) {
-      if (!std::binary_search(owners_.begin(), owners_.end(), l.owner)) continue;
-      ++seen_owners;
-      all_complete = all_complete && l.complete;
-      for (const auto& id : l.ids)
-        if (scheduled_.insert(id).second) queue_.push_back(id);
-    }
-    listing_complete_ = all_complete && seen_owners == owners_.size();
-    if (listing_complete_) {
-      listed_.clear();
-      for (const auto& l : listing)
-        if (std::binary_search(owners_.begin(), owners_.end(), l.owner))
-          listed_.insert(l.ids.begin(), l.ids.end());
-    }
+    std::set<payload_id> listed;
+    listing_complete_ = detail::for_each_listed(listing, owners_, [&](const payload_id& id) {
+      listed.insert(id);
+      if (scheduled_.insert(id).second) queue_.push_back(id);
+    });
+    if (listing_complete_) listed_ = std::move(listed);
     wake_.notify_all();
   }
 
