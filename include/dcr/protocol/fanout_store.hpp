@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "dcr/error.hpp"
+#include "dcr/io/file.hpp"
 #include "dcr/protocol/control_plane.hpp"
 #include "dcr/protocol/payload_store.hpp"
 
@@ -59,28 +60,16 @@ namespace dcr {
 /// coherent across the claimants (a local filesystem; NFSv4 and Lustre with flock enabled).
 class directory_claims {
  public:
-  /// A held claim (or none: `held()` false). Move-only; releases on destruction.
+  /// A held claim (or none: `held()` false). Move-only; releases on destruction (closing the
+  /// descriptor drops the lock).
   class claim {
    public:
     claim() = default;
-    explicit claim(int fd) noexcept : fd_(fd) {}
-    claim(claim&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-    claim& operator=(claim&& o) noexcept {
-      if (this != &o) {
-        release();
-        fd_ = std::exchange(o.fd_, -1);
-      }
-      return *this;
-    }
-    ~claim() { release(); }
-    [[nodiscard]] bool held() const noexcept { return fd_ >= 0; }
+    explicit claim(io::file_descriptor fd) noexcept : fd_(std::move(fd)) {}
+    [[nodiscard]] bool held() const noexcept { return fd_.valid(); }
 
    private:
-    void release() noexcept {
-      if (fd_ >= 0) ::close(fd_);  // closing the descriptor drops the lock
-      fd_ = -1;
-    }
-    int fd_ = -1;
+    io::file_descriptor fd_;
   };
 
   /// Claims in `dir`, created if needed. Throws errc::transport_failure naming it otherwise.
@@ -95,14 +84,12 @@ class directory_claims {
   /// errc::transport_failure naming the file if it cannot be opened or locked.
   claim try_claim(const payload_id& id) const {
     const auto path = dir_ / name_of(id);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    DCR_EXPECTS(fd >= 0, errc::transport_failure,
+    io::file_descriptor fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    DCR_EXPECTS(fd.valid(), errc::transport_failure,
                 "directory_claims: cannot open '" + path.string() + "': " + std::strerror(errno));
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return claim(fd);
-    const int e = errno;
-    ::close(fd);
-    DCR_EXPECTS(e == EWOULDBLOCK, errc::transport_failure,
-                "directory_claims: cannot lock '" + path.string() + "': " + std::strerror(e));
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) return claim(std::move(fd));
+    DCR_EXPECTS(errno == EWOULDBLOCK, errc::transport_failure,
+                "directory_claims: cannot lock '" + path.string() + "': " + std::strerror(errno));
     return {};
   }
 
