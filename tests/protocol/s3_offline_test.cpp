@@ -13,27 +13,14 @@
 #include "dcr/protocol/fanout_store.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/s3_payload_store.hpp"
+#include "s3_test_support.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-template <class F>
-std::string error_of(F&& f, dcr::errc code) {
-  try {
-    f();
-  } catch (const dcr::error& e) {
-    CHECK(e.dcr_code() == code);
-    return e.what();
-  }
-  FAIL("no dcr::error was thrown");
-  return {};
-}
-
-std::vector<std::byte> bytes_of(std::string_view s) {
-  const auto* p = reinterpret_cast<const std::byte*>(s.data());
-  return {p, p + s.size()};
-}
+using dcr_test::bytes_of;
+using dcr_test::error_of;
 
 struct temp_dir {
   std::filesystem::path path;

@@ -29,6 +29,7 @@
 #include "dcr/protocol/memory_control_plane.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/s3_payload_store.hpp"
+#include "s3_test_support.hpp"
 
 namespace {
 
@@ -59,10 +60,9 @@ dcr::s3_options options(std::string prefix = fresh_prefix()) {
   return o;
 }
 
-std::vector<std::byte> bytes_of(std::string_view s) {
-  const auto* p = reinterpret_cast<const std::byte*>(s.data());
-  return {p, p + s.size()};
-}
+using dcr_test::bytes_of;
+using dcr_test::error_of;
+
 std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
   std::vector<std::byte> out(n);
   std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -78,19 +78,6 @@ std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
 dcr::payload_id pid(std::uint32_t owner, std::uint32_t seq, std::uint64_t base = 1, std::uint64_t target = 2,
                     std::uint32_t attempt = 0) {
   return {base, target, attempt, owner, seq};
-}
-
-// Runs `f`, requires it to throw a dcr::error with `code`, returns the message.
-template <class F>
-std::string error_of(F&& f, dcr::errc code = dcr::errc::transport_failure) {
-  try {
-    f();
-  } catch (const dcr::error& e) {
-    CHECK(e.dcr_code() == code);
-    return e.what();
-  }
-  FAIL("no dcr::error was thrown");
-  return {};
 }
 
 // Stops the server (SIGSTOP) for `d` from now, in the background; resumed by the destructor at
@@ -214,9 +201,8 @@ std::pair<int, std::string> run(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-// The incomplete multipart uploads under the options' prefix (a raw client: the store offers
-// no such listing).
-std::size_t open_uploads(const dcr::s3_options& o) {
+// A bare signed client for the options' bucket (requests the store does not make).
+dcr::detail::s3::client_config raw_config(const dcr::s3_options& o) {
   dcr::detail::s3::client_config c;
   c.scheme = "http";
   c.authority = o.endpoint.substr(7);
@@ -224,7 +210,12 @@ std::size_t open_uploads(const dcr::s3_options& o) {
   c.region = o.region;
   c.access_key_id = o.credentials.access_key_id;
   c.secret_access_key = o.credentials.secret_access_key;
-  dcr::detail::s3::client raw(c);
+  return c;
+}
+
+// The incomplete multipart uploads under the options' prefix.
+std::size_t open_uploads(const dcr::s3_options& o) {
+  dcr::detail::s3::client raw(raw_config(o));
   dcr::detail::s3::request r;
   r.method = "GET";
   r.query = {{"uploads", ""}, {"prefix", o.prefix}};
@@ -377,14 +368,7 @@ TEST_CASE("multipart: large payloads go up in parts, read back bit for bit, put 
 TEST_CASE("a multipart upload that fails is aborted; erase_through aborts what a killed process left") {
   auto o = options();
   dcr::s3_payload_store s(o);
-  dcr::detail::s3::client_config c;
-  c.scheme = "http";
-  c.authority = o.endpoint.substr(7);
-  c.bucket = o.bucket;
-  c.region = o.region;
-  c.access_key_id = o.credentials.access_key_id;
-  c.secret_access_key = o.credentials.secret_access_key;
-  dcr::detail::s3::client raw(c);
+  dcr::detail::s3::client raw(raw_config(o));
   // A process that died after starting an upload under transition 1 -> 2.
   dcr::detail::s3::request init;
   init.method = "POST";
@@ -410,8 +394,8 @@ TEST_CASE("pagination: listings and erases read every page") {
   std::vector<dcr::payload_id> ids;
   for (std::uint32_t q = 0; q < 7; ++q) {
     ids.push_back(pid(5, q));
-    std::string text = std::to_string(q);
-    text.insert(0, "p");  // (not "p" + ...: a bogus -Wrestrict of GCC 12)
+    std::string text(1, 'p');  // (not "p" + ...: a bogus -Wrestrict of GCC 12)
+    text += std::to_string(q);
     s.put(ids.back(), bytes_of(text));
   }
   const auto before = s.stats().list_requests;
