@@ -6,6 +6,9 @@
 #   fanout       --s3-fanout --json: also, on every step, the bytes entering the rollout nodes
 #                are at most 1.2 x the payload bytes (each payload crossed once), and without
 #                fan-out the same run would have needed one crossing per receiver
+#   flows        tests/tool/simulate_flows.py over S3: trainer and rollout nodes on shaped flows
+#                with the full-checkpoint reference (its objects in S3 too), the flow accounting
+#                adding up
 #   wrong-secret with a wrong AWS_SECRET_ACCESS_KEY it exits 1 before starting anything, with
 #                an error naming the bucket, HTTP 403 and SignatureDoesNotMatch, and leaves no
 #                object under the prefix
@@ -55,6 +58,10 @@ sys.exit(0 if ok else 1)
 EOF
     fi
     ;;
+  flows)
+    python3 "$(dirname "${BASH_SOURCE[0]}")/../tool/simulate_flows.py" "$dcr" --transport "$url" \
+      --s3-endpoint "$DCR_S3_ENDPOINT" "$@" || status=$?
+    ;;
   wrong-secret)
     AWS_SECRET_ACCESS_KEY="wrong-$AWS_SECRET_ACCESS_KEY" \
       "$dcr" simulate --transport "$url" --s3-endpoint "$DCR_S3_ENDPOINT" "$@" >"$out" 2>"$out.err" ||
@@ -74,7 +81,7 @@ EOF
     fi
     ;;
   *)
-    echo "usage: simulate_s3.sh run|fanout|wrong-secret DCR [ARGS...]" >&2
+    echo "usage: simulate_s3.sh run|fanout|flows|wrong-secret DCR [ARGS...]" >&2
     exit 2
     ;;
 esac

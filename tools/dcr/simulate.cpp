@@ -65,6 +65,9 @@ processes:
                         with one cross-cluster flow (default 1)
   --link-rate RATE      shape every cross-cluster flow to RATE (e.g. 20MB/s, 1Gbps; default
                         0, unlimited); local links are not shaped
+  --reference           after the refits, time the paper's reference on the same flows: each
+                        trainer node uploads its share of the full checkpoint to object
+                        storage, then each rollout node downloads all of it
   --keep                keep the work directory (control plane, payloads, per-process results)
   --kill ROLE[/ID]:STEP SIGKILL receiver/owner/coordinator ID (default 0) in the middle of step
                         STEP (a receiver during apply, an owner while putting payloads, the
@@ -201,6 +204,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   ps.commit = args.value("--commit", "file");
   ps.store = args.value("--store", "");
   ps.transport = args.value("--transport", "file");
+  ps.reference = args.flag("--reference");
   ps.trainer_nodes = static_cast<int>(args.integer("--trainer-nodes", 1));
   ps.rollout_nodes = static_cast<int>(args.integer("--rollout-nodes", 1));
   try {
@@ -269,8 +273,8 @@ int simulate_main(const std::vector<std::string>& argv) {
       ps.commit.rfind("etcd://", 0) != 0 && ps.commit.rfind("etcds://", 0) != 0)
     throw usage_error("--commit must be file[:DIR], etcd://HOST:PORT[/PREFIX] or memory");
   if (in_process && (ps.transport != "file" || ps.link_rate > 0 || ps.trainer_nodes > 1 ||
-                     ps.rollout_nodes > 1))
-    throw usage_error("--transport, --link-rate and the node options need separate processes (not --in-process)");
+                     ps.rollout_nodes > 1 || ps.reference))
+    throw usage_error("--transport, --link-rate, --reference and the node options need separate processes (not --in-process)");
   if (in_process && (!ps.kills.empty() || ps.commit_outage >= 0 || ps.asynchronous))
     throw usage_error("--kill, --commit-outage and --async need separate processes (not --in-process)");
   if (in_process && (fault_text == "reorder" || fault_text == "delay" || fault_text == "stale"))

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -33,6 +34,7 @@
 #include "dcr/sim/rank_owner.hpp"
 #include "dcr/testing/faults.hpp"
 #include "simulate_backends.hpp"
+#include "simulate_reference.hpp"
 #include "simulate_transport.hpp"
 
 namespace dcr_tool {
@@ -635,6 +637,15 @@ int run_simulate_processes(const simulate_settings& settings) {
                          {"peak_rss_bytes", c.peak_rss_bytes},
                          {"exit", WIFEXITED(c.status) ? WEXITSTATUS(c.status) : -WTERMSIG(c.status)}});
   const auto checkpoint_bytes = static_cast<std::uint64_t>(registry.total_bytes());
+  // The reference on the same flows, after every agent has finished (nothing else runs).
+  std::optional<reference_result> reference;
+  if (s.reference) {
+    reference = run_reference(s, static_cast<std::uint64_t>(s.steps));
+    for (auto& st : report_steps) {
+      const double total = st["seconds"]["total"].get<double>();
+      st["speedup_over_reference"] = total > 0 ? reference->seconds / total : 0.0;
+    }
+  }
   if (s.json) {
     json out{{"mode", "processes"}, {"checkpoint_bytes", checkpoint_bytes},
              {"canonical_tensors", registry.size()}, {"commit", uses_etcd(s) ? s.commit : "file"},
@@ -647,6 +658,13 @@ int run_simulate_processes(const simulate_settings& settings) {
              {"seconds", total_seconds},
              {"device", {{"requested", requested}, {"description", s.device_description}}},
              {"stage_devices", stage_devices}, {"all_bit_exact", all_ok}};
+    if (reference)
+      out["reference"] = {{"seconds", reference->seconds},
+                          {"upload_seconds", reference->upload_seconds},
+                          {"download_seconds", reference->download_seconds},
+                          {"checkpoint_bytes", reference->checkpoint_bytes},
+                          {"bytes_crossing", reference->bytes_crossing},
+                          {"transport_seconds", reference->transport_seconds}};
     fmt::print("{}\n", out.dump(2));
   } else {
     fmt::print("dcr simulate: {} processes (1 coordinator, {} owners, {} receivers), {:.1f} MB "
@@ -668,6 +686,11 @@ int run_simulate_processes(const simulate_settings& settings) {
       fmt::print("  {:<12} {:>2}  pid {:>7}  peak RSS {:>8.1f} MB{}\n", p["role"].get<std::string>(),
                  p["id"].get<int>(), p["pid"].get<int>(), p["peak_rss_bytes"].get<std::uint64_t>() / 1e6,
                  p["restarted"].get<bool>() ? "  (restarted)" : "");
+    if (reference)
+      fmt::print("  reference (full checkpoint through object storage): {:.3f} s (upload {:.3f} s, "
+                 "download {:.3f} s), {:.1f} MB crossing\n",
+                 reference->seconds, reference->upload_seconds, reference->download_seconds,
+                 reference->bytes_crossing / 1e6);
     fmt::print("  result: {}\n", all_ok ? "every step committed once and bit-exact"
                                         : "NOT every step committed once and bit-exact");
   }

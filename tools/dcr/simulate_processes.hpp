@@ -60,6 +60,7 @@ struct simulate_settings {
   /// to link_rate bytes per second (0: unlimited, counted only). Local links are not shaped.
   int trainer_nodes = 1, rollout_nodes = 1;
   double link_rate = 0;
+  bool reference = false;  ///< --reference: also time the full checkpoint through object storage
   bool keep = false;
   bool asynchronous = false;
   bool pipelined = true;

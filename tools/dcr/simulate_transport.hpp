@@ -224,4 +224,18 @@ int with_receiver_source(const simulate_settings& s, F&& f) {
   return f(source);
 }
 
+/// The object storage of the full-checkpoint reference (simulate_reference.hpp): the transport's
+/// store where it is object storage, else a filesystem store; in a place of its own.
+template <class F>
+int with_reference_store(const simulate_settings& s, F&& f) {
+  if (uses_s3(s)) {  // the run's prefix, under reference/ (never a t*-* transition of the refits)
+    auto o = s3_options_of(s);
+    o.prefix += "reference/";
+    dcr::s3_payload_store store(o);
+    return f(store);
+  }
+  dcr::file_payload_store store(std::filesystem::path(s.workdir) / "reference");
+  return f(store);
+}
+
 }  // namespace dcr_tool
