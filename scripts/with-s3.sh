@@ -5,9 +5,10 @@
 #
 # SeaweedFS listens on 127.0.0.1 only, on eight free ports (master, volume, filer and S3, each
 # with its gRPC port), with a temporary data directory and one S3 identity whose secret is
-# drawn afresh for every run. Virtual-host requests work too: the S3 domain is `localhost`,
-# and libcurl resolves BUCKET.localhost to 127.0.0.1. Once the S3 port answers, a bucket is
-# created and CMD runs with these in its environment:
+# drawn afresh for every run; as on AWS, a PUT into a missing bucket fails (no auto-created
+# buckets). Virtual-host requests work too: the S3 domain is `localhost`, and libcurl resolves
+# BUCKET.localhost to 127.0.0.1. Once the S3 port answers, a bucket is created and CMD runs
+# with these in its environment:
 #   DCR_S3_ENDPOINT        http://127.0.0.1:PORT (path-style)
 #   DCR_S3_VHOST_ENDPOINT  http://localhost:PORT (virtual-host style: BUCKET.localhost)
 #   DCR_S3_BUCKET          the bucket (dcr-test)
@@ -96,7 +97,7 @@ for _attempt in 1 2 3 4 5; do
     -volume.port="$volume_port" -volume.port.grpc=$((base + 5)) \
     -filer.port="$filer_port" -filer.port.grpc=$((base + 6)) \
     -s3 -s3.port="$s3_port" -s3.port.grpc=$((base + 7)) \
-    -s3.port.iceberg=0 -s3.port.lance=0 -s3.domainName=localhost \
+    -s3.port.iceberg=0 -s3.port.lance=0 -s3.domainName=localhost -s3.autoCreateBucket=false \
     -s3.config="$data_dir/identities.json" \
     -master.volumeSizeLimitMB=64 -volume.max=0 -metricsPort=0 \
     >"$data_dir/weed.log" 2>&1 &

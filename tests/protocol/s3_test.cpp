@@ -463,6 +463,11 @@ TEST_CASE("a wrong secret is refused (403 SignatureDoesNotMatch) with a clear er
   const auto what = error_of([&] { dcr::s3_payload_store(missing).check_access(); });
   CHECK(what.find("HTTP 404 NoSuchBucket") != std::string::npos);
   CHECK(what.find("s3://no-such-bucket-dcr/") != std::string::npos);
+  // A get from a missing bucket is an error, never an absent payload.
+  dcr::s3_payload_store nowhere(missing);
+  std::vector<std::byte> out;
+  CHECK(error_of([&] { (void)nowhere.get(pid(1, 0), out); }).find("HTTP 404 NoSuchBucket") != std::string::npos);
+  CHECK(error_of([&] { nowhere.put(pid(1, 0), bytes_of("x")); }).find("HTTP 404 NoSuchBucket") != std::string::npos);
 }
 
 TEST_CASE("retries: 503 SlowDown and 500 are retried with backoff; other 4xx are not") {

@@ -232,7 +232,7 @@ class s3_payload_store {
   /// One ListObjectsV2 of the prefix (one key at most): throws errc::transport_failure as any
   /// request would when the endpoint, the bucket or the credentials are wrong (a wrong secret:
   /// HTTP 403 SignatureDoesNotMatch), before anything is written.
-  void check_access() {
+  void check_access() const {
     auto q = list_query(options_.prefix, "", 1);
     list_page(q, options_.prefix);
   }
@@ -296,7 +296,7 @@ class s3_payload_store {
     r.key = payload_key(id);
     r.into = &out;
     const auto resp = client_.call(r, {404});
-    if (resp.status == 404) {
+    if (missing(resp, r)) {
       out.clear();
       return get_status::absent;
     }
@@ -596,6 +596,16 @@ class s3_payload_store {
     }
   }
 
+  // Whether a GET answered that the object is not there: 404 NoSuchKey. A 404 for the bucket
+  // (NoSuchBucket) is no absent payload but a wrong bucket: it throws.
+  bool missing(const detail::s3::response& resp, const detail::s3::request& r) const {
+    if (resp.status != 404) return false;
+    DCR_EXPECTS(resp.error_code != "NoSuchBucket", errc::transport_failure,
+                "S3 " + std::string(r.method) + " " + client_.where(r.key) + ": HTTP 404 NoSuchBucket: " +
+                    resp.error_message);
+    return true;
+  }
+
   [[nodiscard]] bool exists(const std::string& key) const {
     detail::s3::request r;
     r.method = "HEAD";
@@ -611,7 +621,7 @@ class s3_payload_store {
     r.key = key;
     r.into = &have;
     const auto resp = client_.call(r, {404});
-    DCR_EXPECTS(resp.status != 404, errc::transport_failure,
+    DCR_EXPECTS(!missing(resp, r), errc::transport_failure,
                 "s3_payload_store: " + client_.where(key) + " vanished while put again (erased meanwhile?)");
     DCR_EXPECTS(std::equal(bytes.begin(), bytes.end(), have.begin(), have.end()), errc::transport_failure,
                 "s3_payload_store: " + client_.where(key) + " put again with other bytes");
@@ -681,7 +691,7 @@ class s3_payload_store {
     r.key = manifest_key(key, owner);
     r.into = &raw;
     const auto resp = client_.call(r, {404});
-    if (resp.status == 404) return std::nullopt;
+    if (missing(resp, r)) return std::nullopt;
     auto ids = detail::parse_manifest(std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()),
                                       key, owner, "s3_payload_store: manifest " + client_.where(r.key));
     // The ETag of what was read (the listing's may be older than a replaced manifest).
