@@ -13,6 +13,7 @@
 #include "args.hpp"
 #include "dcr/exec/device.hpp"
 #include "dcr/protocol/link_shaper.hpp"
+#include "dcr/protocol/s3_payload_store.hpp"
 #include "dcr/sim/deployment.hpp"
 #include "simulate_backends.hpp"
 #include "simulate_processes.hpp"
@@ -43,8 +44,21 @@ processes:
   --commit C            file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory (= --in-process)
                         (default file, in the work directory)
   --store DIR           filesystem payload store directory (default: in the work directory)
-  --transport T         file: how payloads travel from owners to receivers (default file, the
-                        filesystem payload store)
+  --transport T         file | s3://BUCKET[/PREFIX]: how payloads travel from owners to
+                        receivers (default file, the filesystem payload store). S3 credentials
+                        come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and
+                        AWS_SESSION_TOKEN); the run's objects go under PREFIX/<run>/ and are
+                        erased at the end unless --keep
+  --s3-endpoint URL     the S3 service, e.g. http://127.0.0.1:8333 (default AWS,
+                        https://s3.REGION.amazonaws.com)
+  --s3-region R         signing region (default AWS_REGION, AWS_DEFAULT_REGION or us-east-1)
+  --s3-addressing A     path | virtual: BUCKET in the path or in the host name (default path
+                        with --s3-endpoint, virtual for AWS)
+  --s3-fanout           rollout nodes each download a disjoint share of every attempt from S3
+                        and forward it to the others over local links, so each payload
+                        crosses the cluster boundary once instead of once per rollout node
+  --s3-parallel-gets N  S3 gets in flight per receiver (default 4)
+  --s3-multipart-mb N   payloads larger than N MiB go up as multipart uploads (default 64)
   --trainer-nodes N     owners are grouped into N trainer nodes (trainer rank mod N), each with
                         one cross-cluster flow (default 1)
   --rollout-nodes N     receiver ranks are grouped into N rollout nodes (rank mod N), each
@@ -200,7 +214,32 @@ int simulate_main(const std::vector<std::string>& argv) {
   }
   if (ps.trainer_nodes < 1 || ps.rollout_nodes < 1)
     throw usage_error("--trainer-nodes and --rollout-nodes must be at least 1");
-  if (ps.transport != "file") throw usage_error("--transport must be file");
+  ps.s3_endpoint = args.value("--s3-endpoint", "");
+  ps.s3_region = args.value("--s3-region", "");
+  ps.s3_addressing = args.value("--s3-addressing", "");
+  ps.s3_fanout = args.flag("--s3-fanout");
+  const auto parallel_gets = args.integer("--s3-parallel-gets", -1);  // -1: not given
+  const auto multipart_mb = args.integer("--s3-multipart-mb", -1);
+  if (parallel_gets != -1) ps.s3_parallel_gets = static_cast<int>(parallel_gets);
+  if (multipart_mb != -1) ps.s3_multipart_mb = multipart_mb;
+  if (ps.transport.rfind("s3://", 0) == 0) {
+    try {
+      dcr::parse_s3_url(ps.transport);
+    } catch (const dcr::error& e) {
+      throw usage_error("--transport: " + message_of(e));
+    }
+    if (!ps.s3_addressing.empty() && ps.s3_addressing != "path" && ps.s3_addressing != "virtual")
+      throw usage_error("--s3-addressing must be path or virtual");
+    if (ps.s3_parallel_gets < 1 || ps.s3_parallel_gets > 64)
+      throw usage_error("--s3-parallel-gets must be 1 to 64");
+    if (ps.s3_multipart_mb < 5) throw usage_error("--s3-multipart-mb must be at least 5 (S3's smallest part)");
+    if (!ps.store.empty()) throw usage_error("--store is the file transport's directory (not with --transport s3://...)");
+  } else if (ps.transport != "file") {
+    throw usage_error("--transport must be file or s3://BUCKET[/PREFIX]");
+  } else if (!ps.s3_endpoint.empty() || !ps.s3_region.empty() || !ps.s3_addressing.empty() ||
+             ps.s3_fanout || parallel_gets != -1 || multipart_mb != -1) {
+    throw usage_error("the --s3-* options need --transport s3://BUCKET[/PREFIX]");
+  }
   ps.keep = args.flag("--keep");
   ps.asynchronous = args.flag("--async");
   ps.pipelined = !args.flag("--no-pipeline");

@@ -449,6 +449,9 @@ int run_simulate_agent(const simulate_settings& s) {
 
 int run_simulate_processes(const simulate_settings& settings) {
   simulate_settings s = settings;
+  // A transport that refuses this run (S3: wrong credentials, no such bucket) stops it here,
+  // before any process starts: nothing is written, nothing commits.
+  check_transport(s);
   char tmpl[] = "/tmp/dcr-simulate-XXXXXX";
   DCR_EXPECTS(::mkdtemp(tmpl) != nullptr, dcr::errc::io_error, "dcr simulate: cannot make a work directory");
   s.workdir = tmpl;
@@ -647,7 +650,8 @@ int run_simulate_processes(const simulate_settings& settings) {
     json out{{"mode", "processes"}, {"checkpoint_bytes", checkpoint_bytes},
              {"canonical_tensors", registry.size()}, {"commit", uses_etcd(s) ? s.commit : "file"},
              {"asynchronous", s.asynchronous}, {"pipelined", s.pipelined},
-             {"transport", s.transport}, {"link_rate", s.link_rate},
+             {"transport", s.transport}, {"store", transport_description(s)},
+             {"s3_fanout", s.s3_fanout}, {"link_rate", s.link_rate},
              {"trainer_nodes", s.trainer_nodes}, {"rollout_nodes", s.rollout_nodes},
              {"steps", report_steps}, {"processes", processes}, {"restores", restores},
              {"fenced_payloads", fenced}, {"commit_outage_injected", outage_done.load()},
@@ -666,7 +670,8 @@ int run_simulate_processes(const simulate_settings& settings) {
     fmt::print("dcr simulate: {} processes (1 coordinator, {} owners, {} receivers), {:.1f} MB "
                "checkpoint, control plane {}, payload store {}\n",
                children.size(), owners.size(), s.receiver_tp, checkpoint_bytes / 1e6,
-               uses_etcd(s) ? s.commit : plane_dir(s), store_dir(s));
+               uses_etcd(s) ? s.commit : plane_dir(s),
+               transport_description(s) + (s.s3_fanout ? " (fan-out)" : ""));
     fmt::print("  device {}: detect, project, tracker update on {}; apply on {}; residual, "
                "encode, compress, decode, verify on cpu\n",
                s.device_description, detect_on, apply_on);
@@ -690,6 +695,11 @@ int run_simulate_processes(const simulate_settings& settings) {
                                         : "NOT every step committed once and bit-exact");
   }
   if (!s.keep) {
+    try {
+      clean_transport(s);
+    } catch (const dcr::error& e) {
+      fmt::print(stderr, "dcr simulate: could not erase the run's payloads: {}\n", e.what());
+    }
     std::error_code ec;
     fs::remove_all(s.workdir, ec);
   } else {
