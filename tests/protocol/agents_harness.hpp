@@ -62,10 +62,11 @@ inline const char* fault_name(delivery_fault f) {
     case delivery_fault::delay: return "delay";
     case delivery_fault::reorder: return "reorder";
     case delivery_fault::stale: return "stale";
+    case delivery_fault::lose: return "lose";
   }
   return "?";
 }
-constexpr std::size_t fault_kinds = 7;
+constexpr std::size_t fault_kinds = 8;
 
 // ---- control-plane decorators
 
