@@ -46,8 +46,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# True if something accepts connections on 127.0.0.1:$1.
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=scripts/server-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/server-common.sh"
 
 # True once etcd's /health says so.
 healthy() {
@@ -104,15 +104,4 @@ fi
 
 export DCR_ETCD_ENDPOINT="http://127.0.0.1:$client"
 export DCR_ETCD_PID="$etcd_pid"
-# CMD runs in the background (keeping our stdin) so that a SIGINT or SIGTERM sent to this script
-# reaches it at once instead of waiting for it to finish; bash runs traps only between commands.
-"$@" <&0 &
-cmd_pid=$!
-trap 'kill -INT "$cmd_pid" 2>/dev/null || true' INT
-trap 'kill -TERM "$cmd_pid" 2>/dev/null || true' TERM
-while :; do
-  status=0
-  wait "$cmd_pid" || status=$?
-  kill -0 "$cmd_pid" 2>/dev/null || break  # else a trap interrupted the wait: wait again
-done
-exit "$status"
+run_beside_server "$@"

@@ -11,7 +11,9 @@
 //   outage_plane    dcr::testing's: a deployment-wide outage (every agent's operations fail)
 //   agent_plane     one per agent: a partition (that agent alone is cut off; it retries) or a
 //                   teardown (every operation fails for good: a dead process writes nothing more)
-// and one memory payload store. Every agent thread has a deadline; settle() stops what is left of
+// and one payload store (memory unless the test hands the cluster another one: an S3 store),
+// read by each receiver through a store source (store_source unless told otherwise: a
+// prefetch_source). Every agent thread has a deadline; settle() stops what is left of
 // a transition and joins every thread (a failing test never leaks a thread), then verify() checks
 // what the user relies on: every committed version committed exactly once (audit, history keys,
 // commit record), owners' trackers at the version, and every receiver holding it bit-exact with
@@ -22,6 +24,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -59,10 +62,11 @@ inline const char* fault_name(delivery_fault f) {
     case delivery_fault::delay: return "delay";
     case delivery_fault::reorder: return "reorder";
     case delivery_fault::stale: return "stale";
+    case delivery_fault::lose: return "lose";
   }
   return "?";
 }
-constexpr std::size_t fault_kinds = 7;
+constexpr std::size_t fault_kinds = 8;
 
 // ---- control-plane decorators
 
@@ -287,14 +291,15 @@ struct cluster_options {
   std::chrono::milliseconds agent_timeout{90000};  ///< every agent thread's serve deadline
 };
 
-template <dcr::control_plane Base>
+template <dcr::control_plane Base, dcr::payload_store Store = dcr::memory_payload_store,
+          template <class> class StoreSource = dcr::store_source>
 class cluster {
  public:
   using audited_t = audited_plane<Base>;
   using global_t = dcr::testing::outage_plane<audited_t>;
   using plane_t = agent_plane<global_t>;
-  using store_t = dcr::memory_payload_store;
-  using store_source_t = dcr::store_source<store_t>;
+  using store_t = Store;
+  using store_source_t = StoreSource<store_t>;
   using faulty_t = dcr::testing::faulty_source<store_source_t>;
   using source_t = counting_source<faulty_t>;
   using receiver_agent_t = dcr::receiver_agent<plane_t, source_t>;
@@ -345,10 +350,20 @@ class cluster {
     std::unique_ptr<coordinator_t> coord;
   };
 
+  /// A cluster over its own (default-constructed) payload store.
   cluster(Base& base, cluster_options options)
+    requires std::default_initializable<store_t>
+      : cluster(base, std::move(options), std::make_unique<store_t>()) {}
+  /// A cluster over `store`, which must outlive it.
+  cluster(Base& base, cluster_options options, store_t& store)
+      : cluster(base, std::move(options), std::unique_ptr<store_t>(), &store) {}
+
+ private:
+  cluster(Base& base, cluster_options options, std::unique_ptr<store_t> owned, store_t* external = nullptr)
       : o_(std::move(options)), registry_(o_.model.canonical_tensors()),
         trainer_(o_.model, registry_, o_.trainer_tp, o_.trainer_dp, o_.seed, o_.trainer),
-        audited_(base, audit_, keys_.commit()), global_(audited_, outage_) {
+        audited_(base, audit_, keys_.commit()), global_(audited_, outage_), owned_store_(std::move(owned)),
+        store_(external != nullptr ? *external : *owned_store_) {
     canonical_.resize(registry_.size());
     for (std::size_t id = 0; id < registry_.size(); ++id) {
       canonical_[id].resize(static_cast<std::size_t>(registry_.at(static_cast<dcr::tensor_id>(id)).bytes()));
@@ -356,6 +371,8 @@ class cluster {
     }
     receivers_.resize(static_cast<std::size_t>(o_.receivers));
   }
+
+ public:
   cluster(const cluster&) = delete;
   cluster& operator=(const cluster&) = delete;
   ~cluster() {
@@ -1004,7 +1021,8 @@ class cluster {
   audited_t audited_;
   dcr::testing::control_plane_outage outage_;
   global_t global_;
-  store_t store_;
+  std::unique_ptr<store_t> owned_store_;
+  store_t& store_;
   std::vector<std::uint32_t> owner_ids_;
   std::recursive_mutex mutex_;
   std::vector<owner_slot> owners_;

@@ -679,7 +679,8 @@ void soak_seed(std::uint64_t seed, std::uint64_t transitions, time_point stop_at
   c.start();
   const double rates[] = {0.0, 0.0005, 0.002, 0.01, 0.03, 0.1};
   const delivery_fault kinds[] = {delivery_fault::duplicate, delivery_fault::corrupt, delivery_fault::drop,
-                                  delivery_fault::delay,     delivery_fault::reorder, delivery_fault::stale};
+                                  delivery_fault::delay,     delivery_fault::reorder, delivery_fault::stale,
+                                  delivery_fault::lose};
   auto present = [&] {
     std::vector<int> out;
     for (int r = 0; r < c.receiver_ranks(); ++r)
@@ -727,7 +728,7 @@ void soak_seed(std::uint64_t seed, std::uint64_t transitions, time_point stop_at
     const std::size_t n_events = chaos ? g.next() % 3 : 0;
     for (std::size_t k = 0; k < n_events; ++k)
       events.push_back({static_cast<int>(g.next() % 4), static_cast<std::uint32_t>(g.next() % 2), g.next() % 4,
-                        kinds[g.next() % 6]});
+                        kinds[g.next() % std::size(kinds)]});
     const bool kill_rx = chaos && g.uniform() < 0.2;
     const int kill_rank = static_cast<int>(g.next() % 4);
     const std::uint64_t kill_at = 1 + g.next() % 2;

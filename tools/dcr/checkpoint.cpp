@@ -13,6 +13,7 @@
 
 #include "args.hpp"
 #include "dcr/io/checkpoint.hpp"
+#include "dcr/io/report_json.hpp"
 
 namespace dcr_tool {
 namespace {
@@ -134,31 +135,8 @@ int diff_main(const std::vector<std::string>& argv) {
     j["delta"] = out;
     j["encoding"] = encoding_text;
     j["level"] = options.zstd_level;
-    j["tensors"] = r.tensors;
-    j["changed_tensors"] = r.changed_tensors;
-    j["elements"] = r.elements;
-    j["changed_elements"] = r.changed_elements;
-    j["change_rate"] = r.elements ? static_cast<double>(r.changed_elements) / r.elements : 0.0;
-    j["checkpoint_bytes"] = r.checkpoint_bytes;
-    j["tensor_bytes"] = r.tensor_bytes;
-    j["delta_bytes"] = r.delta_bytes;
-    j["bytes_per_changed"] = per_changed;
-    j["compression_ratio"] = r.delta_bytes ? static_cast<double>(r.checkpoint_bytes) / r.delta_bytes
-                                           : 0.0;
-    j["payloads"] = r.payloads;
-    j["items"] = r.items;
-    ojson by_enc, records;
-    for (std::uint8_t e = 0; e < r.items_by_encoding.size(); ++e) {
-      by_enc[encoding_name(e)] = r.items_by_encoding[e];
-      records[encoding_name(e)] = r.records_by_encoding[e];
-    }
-    j["items_by_encoding"] = by_enc;
-    j["records_by_encoding"] = records;
-    j["seconds"] = r.seconds;
-    j["scan_seconds"] = r.scan_seconds;
-    j["encode_seconds"] = r.encode_seconds;
-    j["write_seconds"] = r.write_seconds;
-    j["read_gb_per_s"] = read_rate;
+    const auto fields = dcr::io::report_json(r);
+    for (const auto& f : fields.items()) j[f.key()] = f.value();
     print_json(j);
   } else {
     fmt::print("dcr diff: {} of {} elements changed ({:.4f}%) in {} of {} tensors\n",
@@ -202,14 +180,8 @@ int apply_main(const std::vector<std::string>& argv) {
     j["base"] = files[1];
     j["output"] = result;
     j["in_place"] = in_place;
-    j["tensors"] = r.tensors;
-    j["payloads"] = r.payloads;
-    j["changed_elements"] = r.records;
-    j["output_bytes"] = r.output_bytes;
-    j["already_applied"] = r.already_applied;
-    j["recovered"] = r.recovered;
-    j["verified"] = true;
-    j["seconds"] = r.seconds;
+    const auto fields = dcr::io::report_json(r);
+    for (const auto& f : fields.items()) j[f.key()] = f.value();
     print_json(j);
   } else {
     if (r.recovered)

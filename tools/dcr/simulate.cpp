@@ -13,6 +13,7 @@
 #include "args.hpp"
 #include "dcr/exec/device.hpp"
 #include "dcr/protocol/link_shaper.hpp"
+#include "dcr/protocol/s3_payload_store.hpp"
 #include "dcr/sim/deployment.hpp"
 #include "simulate_backends.hpp"
 #include "simulate_processes.hpp"
@@ -43,10 +44,12 @@ processes:
   --commit C            file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory (= --in-process)
                         (default file, in the work directory)
   --store DIR           filesystem payload store directory (default: in the work directory)
-  --transport T         file | relay: how payloads travel from owners to receivers (default
-                        file, the filesystem payload store; relay: owners stream to relay roots
-                        that forward to every receiver's node over mutual TLS, see
-                        docs/transports.md)
+  --transport T         file | relay | s3://BUCKET[/PREFIX]: how payloads travel from owners
+                        to receivers (default file, the filesystem payload store; relay: owners
+                        stream to relay roots that forward to every receiver's node over mutual
+                        TLS; S3: credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
+                        (and AWS_SESSION_TOKEN), the run's objects go under PREFIX/<run>/ and
+                        are erased at the end unless --keep); see docs/transports.md
   --relay-roots N       relay roots, each its own process with its own cross-cluster flow(s);
                         payloads are striped over them (default 4; 1 is the paper's relay tree)
   --relay-flows N       cross-cluster flows per root: owner o uses flow o mod N (default 1)
@@ -55,12 +58,25 @@ processes:
   --relay-certs DIR     the CA and certificates (DIR/ca.pem, DIR/{owner,root,node}.{pem,key}, as
                         scripts/make-test-certs.sh DIR writes them; default: a throwaway CA made
                         in the work directory)
+  --s3-endpoint URL     the S3 service, e.g. http://127.0.0.1:8333 (default AWS,
+                        https://s3.REGION.amazonaws.com)
+  --s3-region R         signing region (default AWS_REGION, AWS_DEFAULT_REGION or us-east-1)
+  --s3-addressing A     path | virtual: BUCKET in the path or in the host name (default path
+                        with --s3-endpoint, virtual for AWS)
+  --s3-fanout           rollout nodes each download a disjoint share of every attempt from S3
+                        and forward it to the others over local links, so each payload
+                        crosses the cluster boundary once instead of once per rollout node
+  --s3-parallel-gets N  S3 gets in flight per receiver (default 4)
+  --s3-multipart-mb N   payloads larger than N MiB go up as multipart uploads (default 64)
   --trainer-nodes N     owners are grouped into N trainer nodes (trainer rank mod N), each with
                         one cross-cluster flow (default 1)
   --rollout-nodes N     receiver ranks are grouped into N rollout nodes (rank mod N), each
                         with one cross-cluster flow (default 1)
   --link-rate RATE      shape every cross-cluster flow to RATE (e.g. 20MB/s, 1Gbps; default
                         0, unlimited); local links are not shaped
+  --reference           after the refits, time the paper's reference on the same flows: each
+                        trainer node uploads its share of the full checkpoint to object
+                        storage, then each rollout node downloads all of it
   --keep                keep the work directory (control plane, payloads, per-process results)
   --kill ROLE[/ID]:STEP SIGKILL receiver/owner/coordinator/relay-root ID (default 0) in the
                         middle of step STEP (a receiver during apply, an owner while putting
@@ -198,6 +214,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   ps.commit = args.value("--commit", "file");
   ps.store = args.value("--store", "");
   ps.transport = args.value("--transport", "file");
+  ps.reference = args.flag("--reference");
   ps.trainer_nodes = static_cast<int>(args.integer("--trainer-nodes", 1));
   ps.rollout_nodes = static_cast<int>(args.integer("--rollout-nodes", 1));
   try {
@@ -207,7 +224,32 @@ int simulate_main(const std::vector<std::string>& argv) {
   }
   if (ps.trainer_nodes < 1 || ps.rollout_nodes < 1)
     throw usage_error("--trainer-nodes and --rollout-nodes must be at least 1");
-  if (ps.transport != "file" && ps.transport != "relay") throw usage_error("--transport must be file or relay");
+  ps.s3_endpoint = args.value("--s3-endpoint", "");
+  ps.s3_region = args.value("--s3-region", "");
+  ps.s3_addressing = args.value("--s3-addressing", "");
+  ps.s3_fanout = args.flag("--s3-fanout");
+  const auto parallel_gets = args.integer("--s3-parallel-gets", -1);  // -1: not given
+  const auto multipart_mb = args.integer("--s3-multipart-mb", -1);
+  if (parallel_gets != -1) ps.s3_parallel_gets = static_cast<int>(parallel_gets);
+  if (multipart_mb != -1) ps.s3_multipart_mb = multipart_mb;
+  if (ps.transport.rfind("s3://", 0) == 0) {
+    try {
+      dcr::parse_s3_url(ps.transport);
+    } catch (const dcr::error& e) {
+      throw usage_error("--transport: " + message_of(e));
+    }
+    if (!ps.s3_addressing.empty() && ps.s3_addressing != "path" && ps.s3_addressing != "virtual")
+      throw usage_error("--s3-addressing must be path or virtual");
+    if (ps.s3_parallel_gets < 1 || ps.s3_parallel_gets > 64)
+      throw usage_error("--s3-parallel-gets must be 1 to 64");
+    if (ps.s3_multipart_mb < 5) throw usage_error("--s3-multipart-mb must be at least 5 (S3's smallest part)");
+    if (!ps.store.empty()) throw usage_error("--store is the file transport's directory (not with --transport s3://...)");
+  } else if (ps.transport != "file" && ps.transport != "relay") {
+    throw usage_error("--transport must be file, relay or s3://BUCKET[/PREFIX]");
+  } else if (!ps.s3_endpoint.empty() || !ps.s3_region.empty() || !ps.s3_addressing.empty() ||
+             ps.s3_fanout || parallel_gets != -1 || multipart_mb != -1) {
+    throw usage_error("the --s3-* options need --transport s3://BUCKET[/PREFIX]");
+  }
   ps.relay_roots = static_cast<int>(args.integer("--relay-roots", 4));
   ps.relay_flows = static_cast<int>(args.integer("--relay-flows", 1));
   ps.relay_port_base = static_cast<int>(args.integer("--relay-port-base", 0));
@@ -250,8 +292,8 @@ int simulate_main(const std::vector<std::string>& argv) {
       ps.commit.rfind("etcd://", 0) != 0 && ps.commit.rfind("etcds://", 0) != 0)
     throw usage_error("--commit must be file[:DIR], etcd://HOST:PORT[/PREFIX] or memory");
   if (in_process && (ps.transport != "file" || ps.link_rate > 0 || ps.trainer_nodes > 1 ||
-                     ps.rollout_nodes > 1))
-    throw usage_error("--transport, --link-rate and the node options need separate processes (not --in-process)");
+                     ps.rollout_nodes > 1 || ps.reference))
+    throw usage_error("--transport, --link-rate, --reference and the node options need separate processes (not --in-process)");
   if (in_process && (!ps.kills.empty() || ps.commit_outage >= 0 || ps.asynchronous))
     throw usage_error("--kill, --commit-outage and --async need separate processes (not --in-process)");
   if (in_process && (fault_text == "reorder" || fault_text == "delay" || fault_text == "stale"))

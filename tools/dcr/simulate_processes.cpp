@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -39,6 +40,7 @@
 #include "dcr/sim/rank_owner.hpp"
 #include "dcr/testing/faults.hpp"
 #include "simulate_backends.hpp"
+#include "simulate_reference.hpp"
 #include "simulate_transport.hpp"
 
 namespace dcr_tool {
@@ -519,6 +521,9 @@ int run_simulate_agent(const simulate_settings& s) {
 
 int run_simulate_processes(const simulate_settings& settings) {
   simulate_settings s = settings;
+  // A transport that refuses this run (S3: wrong credentials, no such bucket) stops it here,
+  // before any process starts: nothing is written, nothing commits.
+  check_transport(s);
   char tmpl[] = "/tmp/dcr-simulate-XXXXXX";
   DCR_EXPECTS(::mkdtemp(tmpl) != nullptr, dcr::errc::io_error, "dcr simulate: cannot make a work directory");
   s.workdir = tmpl;
@@ -723,17 +728,34 @@ int run_simulate_processes(const simulate_settings& settings) {
                          {"peak_rss_bytes", c.peak_rss_bytes},
                          {"exit", WIFEXITED(c.status) ? WEXITSTATUS(c.status) : -WTERMSIG(c.status)}});
   const auto checkpoint_bytes = static_cast<std::uint64_t>(registry.total_bytes());
+  // The reference on the same flows, after every agent has finished (nothing else runs).
+  std::optional<reference_result> reference;
+  if (s.reference) {
+    reference = run_reference(s, static_cast<std::uint64_t>(s.steps));
+    for (auto& st : report_steps) {
+      const double total = st["seconds"]["total"].get<double>();
+      st["speedup_over_reference"] = total > 0 ? reference->seconds / total : 0.0;
+    }
+  }
   if (s.json) {
     json out{{"mode", "processes"}, {"checkpoint_bytes", checkpoint_bytes},
              {"canonical_tensors", registry.size()}, {"commit", uses_etcd(s) ? s.commit : "file"},
              {"asynchronous", s.asynchronous}, {"pipelined", s.pipelined},
-             {"transport", s.transport}, {"link_rate", s.link_rate},
+             {"transport", s.transport}, {"store", transport_description(s)},
+             {"s3_fanout", s.s3_fanout}, {"link_rate", s.link_rate},
              {"trainer_nodes", s.trainer_nodes}, {"rollout_nodes", s.rollout_nodes},
              {"steps", report_steps}, {"processes", processes}, {"restores", restores},
              {"fenced_payloads", fenced}, {"commit_outage_injected", outage_done.load()},
              {"seconds", total_seconds},
              {"device", {{"requested", requested}, {"description", s.device_description}}},
              {"stage_devices", stage_devices}, {"all_bit_exact", all_ok}};
+    if (reference)
+      out["reference"] = {{"seconds", reference->seconds},
+                          {"upload_seconds", reference->upload_seconds},
+                          {"download_seconds", reference->download_seconds},
+                          {"checkpoint_bytes", reference->checkpoint_bytes},
+                          {"bytes_crossing", reference->bytes_crossing},
+                          {"transport_seconds", reference->transport_seconds}};
     if (uses_relay(s)) {
       json roots = json::array();
       for (int k = 0; k < s.relay_roots; ++k)
@@ -751,8 +773,8 @@ int run_simulate_processes(const simulate_settings& settings) {
                children.size(), owners.size(), s.receiver_tp,
                uses_relay(s) ? fmt::format(", {} relay roots", s.relay_roots) : std::string(),
                checkpoint_bytes / 1e6, uses_etcd(s) ? s.commit : plane_dir(s),
-               uses_relay(s) ? fmt::format("relay on 127.0.0.1:{}.., certificates {}", s.relay_port_base, s.relay_certs)
-                             : "payload store " + store_dir(s));
+               (uses_relay(s) ? "" : "payload store ") + transport_description(s) +
+                   (s.s3_fanout ? " (fan-out)" : ""));
     fmt::print("  device {}: detect, project, tracker update on {}; apply on {}; residual, "
                "encode, compress, decode, verify on cpu\n",
                s.device_description, detect_on, apply_on);
@@ -767,10 +789,20 @@ int run_simulate_processes(const simulate_settings& settings) {
       fmt::print("  {:<12} {:>2}  pid {:>7}  peak RSS {:>8.1f} MB{}\n", p["role"].get<std::string>(),
                  p["id"].get<int>(), p["pid"].get<int>(), p["peak_rss_bytes"].get<std::uint64_t>() / 1e6,
                  p["restarted"].get<bool>() ? "  (restarted)" : "");
+    if (reference)
+      fmt::print("  reference (full checkpoint through object storage): {:.3f} s (upload {:.3f} s, "
+                 "download {:.3f} s), {:.1f} MB crossing\n",
+                 reference->seconds, reference->upload_seconds, reference->download_seconds,
+                 reference->bytes_crossing / 1e6);
     fmt::print("  result: {}\n", all_ok ? "every step committed once and bit-exact"
                                         : "NOT every step committed once and bit-exact");
   }
   if (!s.keep) {
+    try {
+      clean_transport(s);
+    } catch (const dcr::error& e) {
+      fmt::print(stderr, "dcr simulate: could not erase the run's payloads: {}\n", e.what());
+    }
     std::error_code ec;
     fs::remove_all(s.workdir, ec);
   } else {

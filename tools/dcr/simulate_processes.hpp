@@ -46,7 +46,15 @@ struct simulate_settings {
   // Processes.
   std::string commit = "file";  ///< file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory
   std::string store;            ///< payload store directory ("" = in the work directory)
-  std::string transport = "file";  ///< --transport: how payloads travel (simulate_transport.hpp)
+  std::string transport = "file";  ///< --transport: file | s3://BUCKET[/PREFIX] (simulate_transport.hpp)
+  /// --transport s3://...: the service (--s3-endpoint, "" for AWS), signing region
+  /// (--s3-region, "" for the environment's), addressing (--s3-addressing: "" for the default,
+  /// path or virtual), fan-out inside the rollout cluster (--s3-fanout), gets in flight per
+  /// receiver (--s3-parallel-gets) and the multipart threshold (--s3-multipart-mb).
+  std::string s3_endpoint, s3_region, s3_addressing;
+  bool s3_fanout = false;
+  int s3_parallel_gets = 4;
+  std::int64_t s3_multipart_mb = 64;
   /// Nodes: owner processes are grouped into trainer nodes (trainer rank % trainer_nodes) and receiver ranks
   /// into rollout nodes (rank % rollout_nodes); each node has one cross-cluster flow, shaped
   /// to link_rate bytes per second (0: unlimited, counted only). Local links are not shaped.
@@ -60,6 +68,7 @@ struct simulate_settings {
   int relay_roots = 4, relay_flows = 1;
   int relay_port_base = 0;
   std::string relay_certs;
+  bool reference = false;  ///< --reference: also time the full checkpoint through object storage
   bool keep = false;
   bool asynchronous = false;
   bool pipelined = true;

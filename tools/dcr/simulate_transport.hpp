@@ -1,5 +1,7 @@
 // tools/dcr/simulate_transport.hpp: the payload transport of `dcr simulate` across processes,
-// one function per side, so that each transport (--transport file | relay) is one branch in each:
+// one function per side, so that each transport (--transport file, the filesystem store in
+// --store DIR; --transport s3://BUCKET/PREFIX, an S3 store; --transport relay) is one branch in
+// each:
 //   with_owner_store(s, f)        f(store): what an owner agent puts its payloads into;
 //   with_coordinator_store(s, f)  f(store): what the coordinator erases committed payloads from;
 //   with_receiver_source(s, f)    f(source): what a receiver agent reads its payloads from.
@@ -12,6 +14,17 @@
 // bound. A pull store is crossed twice: the owner's put leaves its trainer node, and each
 // receiver's get enters its rollout node.
 //
+// S3 (--transport s3://BUCKET/PREFIX --s3-endpoint URL, credentials from the AWS environment
+// variables): every process opens its own s3_payload_store under PREFIX/<work directory
+// name>/, so runs never share objects; the parent checks access before it starts anything
+// (a wrong secret stops the run there, nothing started, nothing committed) and erases the
+// run's objects at the end unless --keep. Receivers read through a prefetch_source
+// (--s3-parallel-gets gets in flight). With --s3-fanout, the rollout nodes split each
+// attempt's payloads (dcr::fanout_store): the receiver that claims a payload of its node's
+// share downloads it (booked on its rollout node's flow) and forwards it into WORKDIR/fanout,
+// a file store standing for the rollout cluster's local network, where every other receiver
+// reads it without crossing the boundary.
+//
 // --transport relay (dcr/protocol/relay.hpp): the parent starts --relay-roots root processes
 // (role relay-root, listening on 127.0.0.1:BASE+k) and each receiver process hosts the relay
 // node of its own rank (127.0.0.1:BASE+roots+rank), so a root forwards to every receiver process
@@ -23,22 +36,24 @@
 // scripts/make-test-certs.sh.
 #pragma once
 
-#include <algorithm>
-#include <filesystem>
-#include <map>
-#include <string>
-
 #include <fmt/core.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
 
+#include "dcr/protocol/fanout_store.hpp"
 #include "dcr/protocol/link_shaper.hpp"
 #include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
 #include "dcr/protocol/relay.hpp"
+#include "dcr/protocol/s3_payload_store.hpp"
 #include "simulate_processes.hpp"
 
 namespace dcr_tool {
@@ -46,6 +61,55 @@ namespace dcr_tool {
 /// The filesystem payload store's directory: --store DIR, or DIR/store of the work directory.
 inline std::string store_dir(const simulate_settings& s) {
   return s.store.empty() ? (std::filesystem::path(s.workdir) / "store").string() : s.store;
+}
+
+/// Whether payloads go through S3 (--transport s3://...).
+inline bool uses_s3(const simulate_settings& s) { return s.transport.rfind("s3://", 0) == 0; }
+
+/// The S3 store options of this run: the --transport URL's bucket and prefix, plus the work
+/// directory's name when `run_prefix` (what every agent uses; the parent's access check uses
+/// the bare prefix, before the work directory exists), credentials and region from the
+/// environment unless --s3-region is given.
+inline dcr::s3_options s3_options_of(const simulate_settings& s, bool run_prefix = true) {
+  auto o = dcr::s3_options::from_environment(s.transport, s.s3_endpoint);
+  if (!s.s3_region.empty()) o.region = s.s3_region;
+  if (s.s3_addressing == "path") o.addressing = dcr::s3_addressing::path;
+  if (s.s3_addressing == "virtual") o.addressing = dcr::s3_addressing::virtual_host;
+  o.multipart_threshold = static_cast<std::size_t>(s.s3_multipart_mb) << 20;
+  if (run_prefix) o.prefix += std::filesystem::path(s.workdir).filename().string() + "/";
+  return o;
+}
+
+/// Whether payloads go through the relay (--transport relay).
+inline bool uses_relay(const simulate_settings& s) { return s.transport == "relay"; }
+
+/// Where payloads go, for the report: the store directory, s3://BUCKET/PREFIX/RUN/, or the
+/// relay's first port and certificates.
+inline std::string transport_description(const simulate_settings& s) {
+  if (uses_relay(s))
+    return "relay 127.0.0.1:" + std::to_string(s.relay_port_base) + ".., certificates " + s.relay_certs;
+  return uses_s3(s) ? "s3://" + s3_options_of(s).bucket + "/" + s3_options_of(s).prefix : store_dir(s);
+}
+
+/// The parent, before it starts any process: throws (errc::transport_failure, naming the
+/// bucket, the HTTP status and S3's error code) if S3 refuses this run's credentials.
+inline void check_transport(const simulate_settings& s) {
+  if (!uses_s3(s)) return;
+  dcr::s3_payload_store store(s3_options_of(s, false));
+  store.check_access();
+}
+
+/// The parent, at the end: erases what is left of the run in S3 (nothing after a clean run:
+/// the coordinator erases each committed transition).
+inline void clean_transport(const simulate_settings& s) {
+  if (!uses_s3(s)) return;
+  dcr::s3_payload_store store(s3_options_of(s));
+  store.erase_through(std::numeric_limits<std::uint64_t>::max());
+}
+
+/// WORKDIR/fanout: the rollout cluster's local copies (store/) and claims (claims/).
+inline std::filesystem::path fanout_dir(const simulate_settings& s) {
+  return std::filesystem::path(s.workdir) / "fanout";
 }
 
 /// The node of trainer rank `rank` (an owner process) and of receiver rank `rank`.
@@ -128,8 +192,6 @@ class shaped_store {
 
 // ---- the relay
 
-inline bool uses_relay(const simulate_settings& s) { return s.transport == "relay"; }
-
 inline dcr::relay_endpoint relay_root_endpoint(const simulate_settings& s, int k) {
   return {"127.0.0.1", static_cast<std::uint16_t>(s.relay_port_base + k)};
 }
@@ -205,8 +267,13 @@ int with_owner_store(const simulate_settings& s, F&& f) {
     dcr::relay_owner_store store(o);
     return f(store);
   }
-  dcr::file_payload_store store(store_dir(s));
   auto& flow = cross_cluster_flow(s, "trainer-node-" + std::to_string(trainer_node_of(s, s.id)));
+  if (uses_s3(s)) {
+    dcr::s3_payload_store store(s3_options_of(s));
+    shaped_store<dcr::s3_payload_store> shaped(store, &flow, nullptr);
+    return f(shaped);
+  }
+  dcr::file_payload_store store(store_dir(s));
   shaped_store<dcr::file_payload_store> shaped(store, &flow, nullptr);
   return f(shaped);
 }
@@ -216,6 +283,15 @@ int with_coordinator_store(const simulate_settings& s, F&& f) {
   if (uses_relay(s)) {  // the nodes drop an attempt's payloads when the next one is announced
     dcr::nothing_to_erase nothing;
     return f(nothing);
+  }
+  if (uses_s3(s)) {
+    dcr::s3_payload_store store(s3_options_of(s));
+    if (!s.s3_fanout) return f(store);
+    // Erasing through the fan-out view drops the rollout cluster's copies and claims too.
+    dcr::file_payload_store local(fanout_dir(s) / "store");
+    dcr::directory_claims claims(fanout_dir(s) / "claims");
+    dcr::fanout_store<dcr::s3_payload_store, dcr::file_payload_store> fan(store, local, claims, {});
+    return f(fan);
   }
   dcr::file_payload_store store(store_dir(s));
   return f(store);
@@ -236,11 +312,46 @@ int with_receiver_source(const simulate_settings& s, F&& f) {
     dcr::relay_node::source source(node, "r" + std::to_string(s.id));
     return f(source);
   }
-  dcr::file_payload_store store(store_dir(s));
   auto& flow = cross_cluster_flow(s, "rollout-node-" + std::to_string(rollout_node_of(s, s.id)));
+  if (uses_s3(s)) {
+    dcr::s3_payload_store store(s3_options_of(s));
+    using shaped_t = shaped_store<dcr::s3_payload_store>;
+    shaped_t shaped(store, nullptr, &flow);
+    dcr::prefetch_options po;
+    po.parallel_gets = static_cast<std::size_t>(s.s3_parallel_gets);
+    po.poll_interval = std::chrono::milliseconds(20);  // a LIST request each, per receiver
+    if (!s.s3_fanout) {
+      dcr::prefetch_source<shaped_t> source(shaped, po);
+      return f(source);
+    }
+    dcr::file_payload_store local(fanout_dir(s) / "store");
+    dcr::directory_claims claims(fanout_dir(s) / "claims");
+    dcr::fanout_options fo;
+    fo.node = static_cast<std::uint32_t>(rollout_node_of(s, s.id));
+    fo.nodes = static_cast<std::uint32_t>(s.rollout_nodes);
+    using fan_t = dcr::fanout_store<shaped_t, dcr::file_payload_store>;
+    fan_t fan(shaped, local, claims, fo);
+    dcr::prefetch_source<fan_t> source(fan, po);
+    return f(source);
+  }
+  dcr::file_payload_store store(store_dir(s));
   shaped_store<dcr::file_payload_store> shaped(store, nullptr, &flow);
   dcr::store_source<shaped_store<dcr::file_payload_store>> source(shaped);
   return f(source);
+}
+
+/// The object storage of the full-checkpoint reference (simulate_reference.hpp): the transport's
+/// store where it is object storage, else a filesystem store; in a place of its own.
+template <class F>
+int with_reference_store(const simulate_settings& s, F&& f) {
+  if (uses_s3(s)) {  // the run's prefix, under reference/ (never a t*-* transition of the refits)
+    auto o = s3_options_of(s);
+    o.prefix += "reference/";
+    dcr::s3_payload_store store(o);
+    return f(store);
+  }
+  dcr::file_payload_store store(std::filesystem::path(s.workdir) / "reference");
+  return f(store);
 }
 
 }  // namespace dcr_tool

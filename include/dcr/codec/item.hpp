@@ -13,6 +13,8 @@
 #include <span>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "dcr/canonical.hpp"
 #include "dcr/dtype.hpp"
 
@@ -84,6 +86,16 @@ struct payload_id {
 /// The attempt a payload belongs to.
 constexpr attempt_key attempt_of(const payload_id& id) noexcept {
   return {id.base_version, id.target_version, id.attempt};
+}
+
+/// The digest of one payload id in an order-independent set digest: a set's digest is the sum
+/// (mod 2^64) of its ids' digests. Owners report it over their manifest, receivers over what
+/// they applied of an attempt, and the coordinator commits only when the two agree. Hashes the
+/// fields, never the struct's padding.
+inline std::uint64_t payload_id_digest(const payload_id& id) noexcept {
+  const std::uint64_t words[4] = {id.base_version, id.target_version,
+                                  (std::uint64_t{id.attempt} << 32) | id.owner, id.sequence};
+  return XXH64(words, sizeof words, 0x64637270);  // "dcrp"
 }
 
 /// The header fields a payload carries besides its items.

@@ -451,7 +451,26 @@ class coordinator {
         }
       }
       if (!s.failure.empty()) break;
-      if (built == a.owners.size() && applied == a.receivers.size()) break;  // can commit
+      if (built == a.owners.size() && applied == a.receivers.size()) {
+        // Every receiver must have applied exactly the payloads the owners' manifests list (a
+        // source that reported `complete` early, or delivered another attempt's payload under
+        // this one's name, is caught here, before the commit).
+        std::uint64_t listed = 0, listed_digest = 0;
+        for (const auto& r : s.reports) {
+          listed += r.payloads;
+          listed_digest += r.payload_set_digest;
+        }
+        for (const auto& k : s.acks)
+          if (std::find(a.receivers.begin(), a.receivers.end(), k.name) != a.receivers.end() &&
+              (k.applied_payloads != listed || k.applied_payload_digest != listed_digest)) {
+            s.failure = "receiver '" + k.name + "' applied " + std::to_string(k.applied_payloads) +
+                        " payloads of attempt " + protocol_keys::tag(s.key) +
+                        (k.applied_payloads == listed ? " (other ones)" : "") +
+                        ", the owners' manifests list " + std::to_string(listed);
+            break;
+          }
+        break;  // can commit, unless the check above failed the attempt
+      }
       if (unix_ms_now() > a.deadline_unix_ms) {
         s.failure = "attempt deadline passed";
         break;

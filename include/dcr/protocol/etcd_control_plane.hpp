@@ -52,6 +52,7 @@
 #include <stdexcept>
 
 #include "dcr/detail/base64.hpp"
+#include "dcr/detail/curl.hpp"
 #include "dcr/error.hpp"
 #include "dcr/protocol/control_plane.hpp"
 
@@ -568,12 +569,10 @@ class etcd_control_plane {
   long perform(CURL* h, const char* path, const std::string& body,
                std::size_t (*write)(char*, std::size_t, std::size_t, void*), Sink* sink,
                long timeout_ms, long connect_ms) const {
-    char errbuf[CURL_ERROR_SIZE] = {};
     curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
     headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
     const std::string url = endpoint_ + path;
     curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(h, CURLOPT_POST, 1L);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.data());
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
@@ -583,20 +582,14 @@ class etcd_control_plane {
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: threads
     curl_easy_setopt(h, CURLOPT_PROXY, "");     // a cluster-internal service: ignore *_proxy
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
-    const CURLcode rc = curl_easy_perform(h);
-    long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, nullptr);
-    curl_slist_free_all(headers);
-    sink->curl_code = rc;
-    if (rc != CURLE_OK) {
-      sink->curl_message = errbuf[0] != '\0' ? std::string(errbuf) : curl_easy_strerror(rc);
-      if (rc == CURLE_OPERATION_TIMEDOUT)
+    const auto outcome = detail::curl_perform(h, headers);
+    sink->curl_code = outcome.code;
+    if (outcome.code != CURLE_OK) {
+      sink->curl_message = outcome.message;
+      if (outcome.code == CURLE_OPERATION_TIMEDOUT)
         sink->curl_message += " (timeout " + std::to_string(timeout_ms) + " ms)";
     }
-    return status;
+    return outcome.status;
   }
 
   struct unary_state {

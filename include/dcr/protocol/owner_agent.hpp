@@ -366,8 +366,14 @@ class owner_agent {
                      [](const stage_span& x, const stage_span& y) { return x.begin < y.begin; });
     store_->put_manifest(a.key(), owner_->id(), ids_);
     std::uint64_t digest = 0;
-    for (const auto& id : ids_) digest = XXH64(&id, sizeof id, digest);
+    std::uint64_t set_digest = 0;
+    for (const auto& id : ids_) {
+      const std::uint64_t h = payload_id_digest(id);
+      digest = XXH64(&h, sizeof h, digest);
+      set_digest += h;
+    }
     report_.manifest_digest = digest;
+    report_.payload_set_digest = set_digest;
     report_.change_digest = owner_->change_digest();
     report_.records = records;
     const owner_stats& st = owner_->stats();

@@ -5,13 +5,18 @@
 // than once (the receiver deduplicates), as they become available. A push transport (the relay
 // tree) implements it directly; store_source<Store> polls a pull store's listing. The source
 // says `complete` once every expected owner's manifest is in and every payload it lists was
-// delivered; a receiver that has applied everything then acknowledges.
+// delivered; a receiver that has applied everything then acknowledges. prefetch_source does
+// what store_source does with several gets in flight at once (object storage, where one get at
+// a time leaves most of a link idle).
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <concepts>
+#include <condition_variable>
 #include <deque>
+#include <exception>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -36,6 +41,26 @@ enum class source_status {
   complete,   ///< everything of the attempt was delivered
   timed_out,  ///< nothing new before the deadline (call again, or give up)
 };
+
+namespace detail {
+
+/// Calls `each(id)` for every id `listing` holds of an owner in `owners` (sorted); returns
+/// whether every one of `owners` is listed with its manifest in (the attempt is fully listed).
+template <class F>
+bool for_each_listed(const std::vector<owner_listing>& listing, std::span<const std::uint32_t> owners,
+                     F&& each) {
+  bool all_complete = true;
+  std::size_t seen_owners = 0;
+  for (const auto& l : listing) {
+    if (!std::binary_search(owners.begin(), owners.end(), l.owner)) continue;
+    ++seen_owners;
+    all_complete = all_complete && l.complete;
+    for (const auto& id : l.ids) each(id);
+  }
+  return all_complete && seen_owners == owners.size();
+}
+
+}  // namespace detail
 
 template <class S>
 concept payload_source =
@@ -107,18 +132,10 @@ class store_source {
  private:
   // Lists the attempt; queues ids not delivered yet. Returns whether anything was queued.
   bool refill() {
-    const auto listing = store_->list(key_);
-    bool all_complete = true;
-    std::size_t seen_owners = 0;
-    for (const auto& l : listing) {
-      if (!std::binary_search(owners_.begin(), owners_.end(), l.owner)) continue;
-      ++seen_owners;
-      all_complete = all_complete && l.complete;
-      for (const auto& id : l.ids)
-        if (!delivered_.contains(id)) pending_.push_back(id);
-    }
+    complete_ = detail::for_each_listed(store_->list(key_), owners_, [&](const payload_id& id) {
+      if (!delivered_.contains(id)) pending_.push_back(id);
+    });
     missing_.clear();
-    complete_ = all_complete && seen_owners == owners_.size();
     return !pending_.empty();
   }
 
@@ -130,6 +147,202 @@ class store_source {
   std::deque<payload_id> pending_;
   std::vector<payload_id> missing_;
   bool complete_ = false;
+  std::uint64_t polls_ = 0, gets_ = 0;
+};
+
+/// How a prefetch_source fetches.
+struct prefetch_options {
+  std::size_t parallel_gets = 4;  ///< gets in flight at once (worker threads), >= 1
+  /// Payloads fetched (or being fetched) but not yet taken by next(), at most; 0: twice
+  /// parallel_gets. Bounds the source's memory to that many payloads.
+  std::size_t max_buffered = 0;
+  /// Wait between listings while the attempt is not complete and nothing new is listed, and
+  /// before a listed payload that was absent is asked for again.
+  std::chrono::milliseconds poll_interval{10};
+};
+
+/// A payload source over any thread-safe pull store that keeps up to `parallel_gets` gets in
+/// flight: the calling thread lists the attempt (at most once per poll interval, and only while
+/// there is nothing left to fetch and the listing is not complete yet); worker threads get the
+/// listed payloads, at most `max_buffered` ahead of next(). Deliveries come in completion
+/// order. A listed payload that is absent (not visible yet in an eventually consistent store,
+/// or not forwarded yet by a fan-out) is asked for again after a poll interval. A get or list
+/// that throws fails the source: next() rethrows that error (until the next open()). open()
+/// abandons the previous attempt: gets still in flight finish, and their results are dropped.
+/// next(), open() and refetch() are for one thread (one receiver agent); the workers are
+/// joined by the destructor.
+template <payload_store Store>
+class prefetch_source {
+ public:
+  using payload_source_concept = payload_source_tag;
+
+  explicit prefetch_source(Store& store, prefetch_options options = {})
+      : store_(&store), options_(options) {
+    DCR_EXPECTS(options_.parallel_gets >= 1, errc::invalid_argument,
+                "prefetch_source: parallel_gets must be >= 1");
+    if (options_.max_buffered == 0) options_.max_buffered = 2 * options_.parallel_gets;
+    options_.max_buffered = std::max(options_.max_buffered, options_.parallel_gets);
+    for (std::size_t i = 0; i < options_.parallel_gets; ++i) workers_.emplace_back([this] { work(); });
+  }
+  prefetch_source(const prefetch_source&) = delete;
+  prefetch_source& operator=(const prefetch_source&) = delete;
+  ~prefetch_source() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  void open(const attempt_key& key, std::span<const std::uint32_t> owners) {
+    std::lock_guard lock(mutex_);
+    ++epoch_;
+    key_ = key;
+    owners_.assign(owners.begin(), owners.end());
+    std::sort(owners_.begin(), owners_.end());
+    scheduled_.clear();
+    delivered_.clear();
+    listed_.clear();
+    queue_.clear();
+    ready_.clear();
+    missing_.clear();
+    failure_ = nullptr;
+    listing_complete_ = false;
+    next_list_ = {};
+    next_retry_ = {};
+  }
+
+  source_status next(delivery& out, protocol_clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      if (failure_) std::rethrow_exception(failure_);
+      if (!ready_.empty()) {
+        out = std::move(ready_.front());
+        ready_.pop_front();
+        delivered_.insert(out.id);
+        ++gets_;
+        wake_.notify_all();  // room for another get
+        return source_status::delivered;
+      }
+      const auto now = protocol_clock::now();
+      if (!missing_.empty() && now >= next_retry_) {
+        for (const auto& id : missing_) queue_.push_back(id);
+        missing_.clear();
+        wake_.notify_all();
+      }
+      if (!listing_complete_ && queue_.empty() && now >= next_list_) {
+        const auto epoch = epoch_;
+        const auto key = key_;
+        lock.unlock();
+        std::vector<owner_listing> listing;
+        std::exception_ptr failed;
+        try {
+          listing = store_->list(key);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+        lock.lock();
+        if (failed) std::rethrow_exception(failed);
+        if (epoch != epoch_) continue;  // reopened meanwhile (by this thread: never)
+        merge(listing);
+        next_list_ = protocol_clock::now() + options_.poll_interval;
+        ++polls_;
+        continue;
+      }
+      if (listing_complete_ && queue_.empty() && in_flight_ == 0 && missing_.empty() &&
+          std::includes(delivered_.begin(), delivered_.end(), listed_.begin(), listed_.end()))
+        return source_status::complete;
+      if (now >= deadline) return source_status::timed_out;
+      auto until = deadline;
+      if (!missing_.empty()) until = std::min(until, next_retry_);
+      if (!listing_complete_ && queue_.empty()) until = std::min(until, next_list_);
+      ready_or_failed_.wait_until(lock, until);
+    }
+  }
+
+  bool refetch(const payload_id& id, std::vector<std::byte>& bytes) {
+    return store_->get(id, bytes) == get_status::found;
+  }
+
+  /// Listings made and payloads delivered since construction.
+  [[nodiscard]] std::uint64_t polls() const {
+    std::lock_guard lock(mutex_);
+    return polls_;
+  }
+  [[nodiscard]] std::uint64_t gets() const {
+    std::lock_guard lock(mutex_);
+    return gets_;
+  }
+
+ private:
+  // Queues what the listing adds; notes whether every expected owner is complete.
+  void merge(const std::vector<owner_listing>& listing) {
+    std::set<payload_id> listed;
+    listing_complete_ = detail::for_each_listed(listing, owners_, [&](const payload_id& id) {
+      listed.insert(id);
+      if (scheduled_.insert(id).second) queue_.push_back(id);
+    });
+    if (listing_complete_) listed_ = std::move(listed);
+    wake_.notify_all();
+  }
+
+  void work() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] {
+        return stop_ || (!queue_.empty() && !failure_ && ready_.size() + in_flight_ < options_.max_buffered);
+      });
+      if (stop_) return;
+      const payload_id id = queue_.front();
+      queue_.pop_front();
+      const auto epoch = epoch_;
+      ++in_flight_;
+      lock.unlock();
+      delivery d;
+      d.id = id;
+      get_status status = get_status::absent;
+      std::exception_ptr failed;
+      try {
+        status = store_->get(id, d.bytes);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      lock.lock();
+      --in_flight_;
+      if (epoch == epoch_) {
+        if (failed) {
+          if (!failure_) failure_ = failed;
+        } else if (status == get_status::found) {
+          ready_.push_back(std::move(d));
+        } else {
+          if (missing_.empty()) next_retry_ = protocol_clock::now() + options_.poll_interval;
+          missing_.push_back(id);
+        }
+      }
+      ready_or_failed_.notify_all();
+      wake_.notify_all();
+    }
+  }
+
+  Store* store_;
+  prefetch_options options_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;             // workers: something to fetch, room, or stop
+  std::condition_variable ready_or_failed_;  // next(): a result came in
+  std::vector<std::thread> workers_;
+  std::uint64_t epoch_ = 0;
+  attempt_key key_{};
+  std::vector<std::uint32_t> owners_;
+  std::set<payload_id> scheduled_, delivered_, listed_;
+  std::deque<payload_id> queue_;
+  std::deque<delivery> ready_;
+  std::vector<payload_id> missing_;
+  std::size_t in_flight_ = 0;
+  std::exception_ptr failure_;
+  bool listing_complete_ = false;
+  bool stop_ = false;
+  protocol_clock::time_point next_list_{}, next_retry_{};
   std::uint64_t polls_ = 0, gets_ = 0;
 };
 

@@ -26,8 +26,10 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dcr/codec/item.hpp"
@@ -35,6 +37,58 @@
 #include "dcr/io/file.hpp"
 
 namespace dcr {
+
+namespace detail {
+
+/// A manifest as stores keep it: "dcr-manifest 1 <count>\n", then one sequence number per
+/// line, in the order given.
+inline std::string manifest_text(std::span<const payload_id> ids) {
+  std::string text = "dcr-manifest 1 " + std::to_string(ids.size()) + "\n";
+  for (const auto& id : ids) text += std::to_string(id.sequence) + "\n";
+  return text;
+}
+
+/// The ids a manifest of `owner` for `key` lists, sorted. Throws errc::transport_failure,
+/// prefixed with `where`, for anything but manifest_text's output (a bad header, a count that
+/// disagrees with the lines, a line that is not a sequence number).
+inline std::vector<payload_id> parse_manifest(std::string_view text, const attempt_key& key,
+                                              std::uint32_t owner, const std::string& where) {
+  const auto damaged = [&](const std::string& why) -> std::vector<payload_id> {
+    throw error(errc::transport_failure, where + " is damaged: " + why);
+  };
+  constexpr std::string_view magic = "dcr-manifest 1 ";
+  const auto first = text.find('\n');
+  if (!text.starts_with(magic) || first == std::string_view::npos) return damaged("no header");
+  auto number = [](std::string_view digits, std::uint64_t limit) -> std::optional<std::uint64_t> {
+    if (digits.empty() || digits.size() > 20) return std::nullopt;
+    std::uint64_t v = 0;
+    for (const char c : digits) {
+      if (c < '0' || c > '9') return std::nullopt;
+      if (v > (limit - static_cast<std::uint64_t>(c - '0')) / 10) return std::nullopt;
+      v = v * 10 + static_cast<std::uint64_t>(c - '0');
+    }
+    return v;
+  };
+  const auto count = number(text.substr(magic.size(), first - magic.size()), UINT32_MAX);
+  if (!count) return damaged("bad count");
+  std::vector<payload_id> ids;
+  for (std::size_t at = first + 1; at < text.size();) {
+    const auto nl = text.find('\n', at);
+    if (nl == std::string_view::npos) return damaged("unterminated line");
+    const auto seq = number(text.substr(at, nl - at), UINT32_MAX);
+    if (!seq) return damaged("bad sequence number '" + std::string(text.substr(at, nl - at)) + "'");
+    ids.push_back(payload_id{key.base_version, key.target_version, key.attempt, owner,
+                             static_cast<std::uint32_t>(*seq)});
+    at = nl + 1;
+  }
+  if (ids.size() != *count)
+    return damaged("lists " + std::to_string(ids.size()) + " payloads, its header " +
+                   std::to_string(*count));
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+}  // namespace detail
 
 /// Opt-in tags: a payload store declares `using payload_store_concept = dcr::payload_store_tag;`.
 /// A sink (what an owner agent needs: put payloads, then the manifest, nothing to read back,
@@ -217,14 +271,12 @@ class file_payload_store {
                     std::span<const payload_id> ids) {
     const auto path = attempt_dir(key) / ("o" + std::to_string(owner)) / "manifest";
     guarded(path, [&] {
-      std::string text = "dcr-manifest 1 " + std::to_string(ids.size()) + "\n";
-      for (const auto& id : ids) {
+      for (const auto& id : ids)
         DCR_EXPECTS(attempt_of(id) == key && id.owner == owner && io::path_exists(payload_path(id)),
                     errc::transport_failure,
                     "file_payload_store: manifest '" + path.string() +
                         "' lists a payload that was not put for its attempt");
-        text += std::to_string(id.sequence) + "\n";
-      }
+      const std::string text = detail::manifest_text(ids);
       std::filesystem::create_directories(path.parent_path());
       io::atomic_file f(path);
       f.write_at(std::as_bytes(std::span(text)), 0);
@@ -247,18 +299,9 @@ class file_payload_store {
         if (io::path_exists(manifest)) {
           std::vector<std::byte> raw;
           read_file(manifest, raw);
-          const std::string text(reinterpret_cast<const char*>(raw.data()), raw.size());
-          std::size_t at = text.find('\n');
-          DCR_EXPECTS(text.rfind("dcr-manifest 1 ", 0) == 0 && at != std::string::npos,
-                      errc::transport_failure,
-                      "file_payload_store: damaged manifest '" + manifest.string() + "'");
-          while (at + 1 < text.size()) {
-            const auto nl = text.find('\n', at + 1);
-            const auto seq = std::stoul(text.substr(at + 1, nl - at - 1));
-            l.ids.push_back(payload_id{key.base_version, key.target_version, key.attempt,
-                                       l.owner, static_cast<std::uint32_t>(seq)});
-            at = nl;
-          }
+          l.ids = detail::parse_manifest(
+              std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()), key, l.owner,
+              "file_payload_store: manifest '" + manifest.string() + "'");
           l.complete = true;
         } else {
           for (const auto& p : std::filesystem::directory_iterator(o.path())) {

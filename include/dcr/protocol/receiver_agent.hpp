@@ -321,6 +321,8 @@ class receiver_agent {
     // its senders for whatever this receiver did not take.
     if constexpr (closable_source<Source>) source_->close(key);
     ack_.duplicates = rx_->stats().duplicates_dropped;
+    ack_.applied_payloads = rx_->stats().attempt_payloads;
+    ack_.applied_payload_digest = rx_->stats().attempt_payload_digest;
     ack_.fetch_seconds = fetch;
     ack_.seconds = seconds(clock::now() - t0);
     ack_.peak_rss_bytes = peak_rss_bytes();

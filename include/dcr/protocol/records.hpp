@@ -113,6 +113,9 @@ struct owner_report {
   std::string failure;           ///< why not, when !built
   std::uint64_t change_digest = 0;  ///< digest of the changed set (identity of the candidates)
   std::uint64_t manifest_digest = 0;
+  /// The set digest of its manifest's payload ids (payload_id_digest summed); `payloads` is
+  /// their count.
+  std::uint64_t payload_set_digest = 0;
   std::uint64_t payloads = 0, payload_bytes = 0, records = 0, changed_elements = 0;
   std::uint64_t compared_bytes = 0;
   std::uint64_t residual_compared_bytes = 0, residual_changed_inputs = 0;
@@ -137,6 +140,9 @@ struct receiver_ack {
   ack_state state = ack_state::applied;
   std::string failure;
   std::uint64_t payloads = 0, payload_bytes = 0, duplicates = 0, refetched = 0, stale = 0;
+  /// The distinct payloads of the attempt it applied, and their set digest: the coordinator
+  /// commits only when every receiver applied exactly the payloads the owners' manifests list.
+  std::uint64_t applied_payloads = 0, applied_payload_digest = 0;
   double fetch_seconds = 0, apply_seconds = 0, seconds = 0;
   std::uint64_t peak_rss_bytes = 0;
 };
@@ -208,7 +214,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(receiver_registration, name, inc
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(owner_registration, owner, incarnation,
                                                 tracker_version, candidate)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(owner_report, owner, incarnation, built, failure,
-                                                change_digest, manifest_digest, payloads,
+                                                change_digest, manifest_digest,
+                                                payload_set_digest, payloads,
                                                 payload_bytes, records, changed_elements,
                                                 compared_bytes, residual_compared_bytes,
                                                 residual_changed_inputs, residual_conversions,
@@ -220,7 +227,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(owner_report, owner, incarnation
                                                 seconds, peak_rss_bytes)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(receiver_ack, name, incarnation, state, failure,
                                                 payloads, payload_bytes, duplicates, refetched,
-                                                stale, fetch_seconds, apply_seconds, seconds,
+                                                stale, applied_payloads, applied_payload_digest,
+                                                fetch_seconds, apply_seconds, seconds,
                                                 peak_rss_bytes)
 
 /// The JSON text of a record.

@@ -38,6 +38,11 @@ struct receiver_stats {
   std::uint64_t records = 0;
   std::uint64_t writes = 0;
   std::uint64_t verified = 0;  ///< writes checked by post-apply checks
+  /// The current attempt's distinct applied payloads (duplicates of applied ones count once):
+  /// how many, and their set digest (payload_id_digest summed), which the coordinator compares
+  /// with the owners' manifests before it commits.
+  std::uint64_t attempt_payloads = 0;
+  std::uint64_t attempt_payload_digest = 0;
   double decode_seconds = 0;
   double apply_seconds = 0;
 };
@@ -108,6 +113,9 @@ class receiver final : public receiver_endpoint {
         key.target_version != current_.target_version) {
       ledger_.reset_for(key.base_version, key.target_version);
       stats_ = {};
+    } else if (key != current_) {
+      stats_.attempt_payloads = 0;
+      stats_.attempt_payload_digest = 0;
     }
     current_ = key;
     has_attempt_ = true;
@@ -135,6 +143,8 @@ class receiver final : public receiver_endpoint {
     ledger_.mark(header.id);
     const auto t2 = clock::now();
     ++stats_.payloads_applied;
+    ++stats_.attempt_payloads;
+    stats_.attempt_payload_digest += payload_id_digest(header.id);
     stats_.payload_bytes += bytes.size();
     stats_.records += s.records;
     stats_.writes += s.writes;

@@ -1,9 +1,9 @@
 // dcr/testing/faults.hpp: fault injection for tests and `dcr simulate`, as decorators of the
 // production policy types; nothing in the production agents knows about faults.
 //
-//   faulty_source<Source>   a payload source that duplicates, corrupts, delays, reorders or
-//                           drops deliveries, or delivers a payload of an earlier (fenced)
-//                           attempt after the retry began
+//   faulty_source<Source>   a payload source that duplicates, corrupts, delays, reorders,
+//                           drops or silently loses deliveries, or delivers a payload of an
+//                           earlier (fenced) attempt after the retry began
 //   control_plane_outage    a window of time in which a decorated control plane is unreachable
 //   outage_plane<Plane>     a control plane whose every operation throws
 //                           control_plane_unavailable while its outage is active
@@ -31,6 +31,8 @@ enum class delivery_fault {
   delay,      ///< deliver 300 ms late
   reorder,    ///< hold it back and deliver it after the next one
   stale,      ///< also deliver, later, a kept payload of an earlier attempt (refused as stale)
+  lose,       ///< the delivery vanishes and the source still reports `complete` (a transport
+              ///< bug: the receiver acknowledges without it; the coordinator must notice)
 };
 
 /// Chooses the fault of the k-th delivery (0-based) of an attempt.
@@ -79,6 +81,7 @@ class faulty_source {
         throw error(errc::transport_failure, "faulty_source: delivery " + std::to_string(ordinal_ - 1) +
                                                  " of attempt " + std::to_string(key_.attempt) +
                                                  " dropped (injected)");
+      case delivery_fault::lose: return next(out, deadline);  // as if it never came
       case delivery_fault::delay: std::this_thread::sleep_for(std::chrono::milliseconds(300)); break;
       case delivery_fault::reorder: {
         delivery later = std::move(out);

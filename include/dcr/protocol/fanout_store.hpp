@@ -1,0 +1,222 @@
+// dcr/protocol/fanout_store.hpp: object-store fan-out inside the rollout cluster (beyond the
+// paper), as a pull store for the receivers of one rollout node.
+//
+// Without fan-out every rollout node downloads every payload from the remote store (S3) across
+// the cluster boundary, so the bytes crossing it grow with the number of nodes. With it, each
+// payload crosses once: the nodes split the attempt's payloads into disjoint shares, each node
+// downloads its share and forwards it into a store local to the rollout cluster (a directory on
+// the cluster's shared filesystem, over its local network), and every receiver reads what it
+// does not download from there.
+//
+// fanout_store<Remote, Local>::get(id), on node `node` of `nodes`:
+//   1. the local store has it (forwarded by some node): found, nothing crosses;
+//   2. else, if the id is in this node's share (share_of) or has been asked for here for at
+//      least `takeover_after` without turning up locally (its node is dead, not in this
+//      attempt, or busy), this node claims it (directory_claims: one claim per id across the
+//      cluster), gets it from the remote store, puts it into the local store and answers found;
+//   3. else, or while another node holds the claim: absent (a prefetch_source asks again a poll
+//      interval later).
+// A claim lasts while its holder downloads and forwards; the kernel drops it when the holder
+// dies (flock), so a killed node's share is taken over and no payload waits on a dead node.
+// Between live nodes a payload is downloaded once per attempt (a holder that dies mid-download
+// is the exception: the next claimer downloads it again). Local copies are written atomically
+// (the file store's temp + rename), so a reader never sees a partial forward.
+//
+// list() is the remote store's; put() and put_manifest() go to the remote store;
+// erase_through(v) erases the remote store, the local copies and the claims of transitions
+// with target <= v. Thread-safe when both stores are (the prefetch_source's workers call get()
+// at once).
+#pragma once
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "dcr/error.hpp"
+#include "dcr/io/file.hpp"
+#include "dcr/protocol/control_plane.hpp"
+#include "dcr/protocol/payload_store.hpp"
+
+namespace dcr {
+
+/// Exclusive claims on payload ids among processes that share a directory: one file per id,
+/// locked with flock(2) while claimed. A claim is released when its object is destroyed, or by
+/// the kernel when its process dies. The directory must be on a filesystem whose flock is
+/// coherent across the claimants (a local filesystem; NFSv4 and Lustre with flock enabled).
+class directory_claims {
+ public:
+  /// A held claim (or none: `held()` false). Move-only; releases on destruction (closing the
+  /// descriptor drops the lock).
+  class claim {
+   public:
+    claim() = default;
+    explicit claim(io::file_descriptor fd) noexcept : fd_(std::move(fd)) {}
+    [[nodiscard]] bool held() const noexcept { return fd_.valid(); }
+
+   private:
+    io::file_descriptor fd_;
+  };
+
+  /// Claims in `dir`, created if needed. Throws errc::transport_failure naming it otherwise.
+  explicit directory_claims(std::filesystem::path dir) : dir_(std::move(dir)) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    DCR_EXPECTS(!ec, errc::transport_failure,
+                "directory_claims: cannot create '" + dir_.string() + "': " + ec.message());
+  }
+
+  /// Claims `id` if no one holds it; an empty claim if someone does. Throws
+  /// errc::transport_failure naming the file if it cannot be opened or locked.
+  claim try_claim(const payload_id& id) const {
+    const auto path = dir_ / name_of(id);
+    io::file_descriptor fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    DCR_EXPECTS(fd.valid(), errc::transport_failure,
+                "directory_claims: cannot open '" + path.string() + "': " + std::strerror(errno));
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) return claim(std::move(fd));
+    DCR_EXPECTS(errno == EWOULDBLOCK, errc::transport_failure,
+                "directory_claims: cannot lock '" + path.string() + "': " + std::strerror(errno));
+    return {};
+  }
+
+  /// Removes the claim files of transitions whose target is <= `version`.
+  void erase_through(std::uint64_t version) const {
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(dir_, ec); !ec && it != std::filesystem::directory_iterator();
+         it.increment(ec)) {
+      const auto name = it->path().filename().string();
+      std::uint64_t base = 0, target = 0;
+      if (std::sscanf(name.c_str(), "t%" SCNu64 "-%" SCNu64 "-", &base, &target) == 2 && target <= version)
+        std::filesystem::remove(it->path(), ec);
+    }
+  }
+
+  [[nodiscard]] const std::filesystem::path& directory() const noexcept { return dir_; }
+
+ private:
+  static std::string name_of(const payload_id& id) {
+    return "t" + std::to_string(id.base_version) + "-" + std::to_string(id.target_version) + "-a" +
+           std::to_string(id.attempt) + "-o" + std::to_string(id.owner) + "-p" + std::to_string(id.sequence);
+  }
+  std::filesystem::path dir_;
+};
+
+/// Where one fanout_store sits in the rollout cluster.
+struct fanout_options {
+  std::uint32_t node = 0;   ///< this rollout node, < nodes
+  std::uint32_t nodes = 1;  ///< rollout nodes sharing the work
+  /// How long a payload outside this node's share may stay absent locally, counted from the
+  /// first get of it here, before this node takes it over.
+  std::chrono::milliseconds takeover_after{1000};
+};
+
+/// The rollout node (of `nodes`) whose share payload `id` is in: consecutive payloads of an
+/// owner go to consecutive nodes, each owner starting elsewhere, so every node's share is
+/// within one payload per owner of the others'.
+constexpr std::uint32_t share_of(const payload_id& id, std::uint32_t nodes) noexcept {
+  const std::uint64_t start = (static_cast<std::uint64_t>(id.owner) * 0x9E3779B97F4A7C15ull) >> 33;
+  return nodes == 0 ? 0 : static_cast<std::uint32_t>((start + id.sequence) % nodes);
+}
+
+/// What a fanout_store did since construction.
+struct fanout_stats {
+  std::uint64_t local_hits = 0;    ///< gets answered from the local store
+  std::uint64_t remote_gets = 0;   ///< payloads this node downloaded and forwarded
+  std::uint64_t remote_bytes = 0;  ///< their bytes
+  std::uint64_t takeovers = 0;     ///< of them, outside this node's share
+};
+
+template <payload_store Remote, payload_store Local>
+class fanout_store {
+ public:
+  using payload_store_concept = payload_store_tag;
+
+  /// A view for node `options.node`. Throws errc::invalid_argument if node >= nodes.
+  fanout_store(Remote& remote, Local& local, directory_claims& claims, fanout_options options)
+      : remote_(&remote), local_(&local), claims_(&claims), options_(options) {
+    DCR_EXPECTS(options_.nodes >= 1 && options_.node < options_.nodes, errc::invalid_argument,
+                "fanout_store: node " + std::to_string(options_.node) + " is not one of " +
+                    std::to_string(options_.nodes) + " nodes");
+  }
+
+  void put(const payload_id& id, std::span<const std::byte> bytes) { remote_->put(id, bytes); }
+  void put_manifest(const attempt_key& key, std::uint32_t owner, std::span<const payload_id> ids) {
+    remote_->put_manifest(key, owner, ids);
+  }
+  std::vector<owner_listing> list(const attempt_key& key) const { return remote_->list(key); }
+
+  get_status get(const payload_id& id, std::vector<std::byte>& out) const {
+    if (local_->get(id, out) == get_status::found) {
+      ++local_hits_;
+      forget(id);
+      return get_status::found;
+    }
+    const bool mine = share_of(id, options_.nodes) == options_.node;
+    if (!mine && !overdue(id)) return get_status::absent;
+    const auto claim = claims_->try_claim(id);
+    if (!claim.held()) return get_status::absent;  // another node is downloading it
+    // Forwarded between our local miss and the claim?
+    if (local_->get(id, out) == get_status::found) {
+      ++local_hits_;
+      forget(id);
+      return get_status::found;
+    }
+    if (remote_->get(id, out) == get_status::absent) return get_status::absent;
+    local_->put(id, out);
+    ++remote_gets_;
+    remote_bytes_ += out.size();
+    if (!mine) ++takeovers_;
+    forget(id);
+    return get_status::found;
+  }
+
+  void erase_through(std::uint64_t version) {
+    remote_->erase_through(version);
+    local_->erase_through(version);
+    claims_->erase_through(version);
+    std::lock_guard lock(mutex_);
+    std::erase_if(first_asked_, [&](const auto& kv) { return kv.first.target_version <= version; });
+  }
+
+  [[nodiscard]] fanout_stats stats() const {
+    return {local_hits_.load(), remote_gets_.load(), remote_bytes_.load(), takeovers_.load()};
+  }
+
+ private:
+  // True once `id` was first asked for here at least takeover_after ago.
+  bool overdue(const payload_id& id) const {
+    const auto now = protocol_clock::now();
+    std::lock_guard lock(mutex_);
+    if (first_asked_.size() > 65536) first_asked_.clear();  // bounded; at worst a later takeover
+    const auto [it, inserted] = first_asked_.try_emplace(id, now);
+    return !inserted && now - it->second >= options_.takeover_after;
+  }
+  void forget(const payload_id& id) const {
+    std::lock_guard lock(mutex_);
+    first_asked_.erase(id);
+  }
+
+  Remote* remote_;
+  Local* local_;
+  directory_claims* claims_;
+  fanout_options options_;
+  mutable std::mutex mutex_;
+  mutable std::map<payload_id, protocol_clock::time_point> first_asked_;
+  mutable std::atomic<std::uint64_t> local_hits_{0}, remote_gets_{0}, remote_bytes_{0}, takeovers_{0};
+};
+
+}  // namespace dcr

@@ -1,0 +1,220 @@
+"""The package's contracts in one process: version, errors, registration checks, tensors through
+DLPack, the loader conditions at prewarm, payload validation (nothing written on error), and the
+two apply paths agreeing."""
+import os
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import dcr
+from conftest import ROOT
+
+BF16 = ml_dtypes.bfloat16
+
+
+def test_version_matches_the_library():
+    text = open(os.path.join(ROOT, "meson.build")).read()
+    assert dcr.__version__ == re.search(r"version : '([^']+)'", text).group(1)
+
+
+def test_stubs_are_built():
+    assert os.path.exists(os.path.join(os.path.dirname(dcr._dcr.__file__), "_dcr.pyi"))
+
+
+def test_error_hierarchy_mirrors_the_codes():
+    assert issubclass(dcr.ShapeMismatch, dcr.Error) and issubclass(dcr.ShapeMismatch, ValueError)
+    assert dcr.RegistryMismatch.code == 21 and dcr.UnsupportedLoaderPath.code == 12
+    assert dcr.Error.code == 0
+
+
+def test_registration_errors_name_the_shard():
+    reg = dcr.Registry([("w", "BF16", (4, 6)), ("b", torch.float32, (6,)), ("h", np.float16, (3,))])
+    assert reg.tensor("b") == ("b", "F32", [6]) and reg.tensor("h")[1] == "F16"
+    with pytest.raises(dcr.InvalidArgument, match="unknown dtype"):
+        dcr.Registry([("w", "BF17", (4,))])
+    with pytest.raises(dcr.InvalidArgument, match="duplicate tensor name"):
+        dcr.Registry([("w", "BF16", (4,)), ("w", "BF16", (4,))])
+    with pytest.raises(dcr.DtypeMismatch, match="'w@0'"):
+        dcr.AffineTask(reg, "w@0", dcr.row_split([4, 6], 2, 0), "w", dtype="F16")
+    with pytest.raises(dcr.ShapeMismatch, match="'b@0'"):
+        dcr.AffineTask(reg, "b@0", dcr.row_split([4, 6], 2, 0), "b")
+    with pytest.raises(dcr.UnknownTensor, match="'nope'"):
+        dcr.AffineTask(reg, "x", dcr.replicated([6]), "nope")
+    with pytest.raises(dcr.InvalidArgument):
+        dcr.row_split([4, 6], 2, 2)
+
+
+def test_registry_from_safetensors(tmp_path):
+    from safetensors.numpy import save_file
+    save_file({"a": np.zeros((2, 3), np.float32), "b": np.zeros(5, np.int64)}, tmp_path / "m.safetensors")
+    reg = dcr.Registry.from_safetensors(str(tmp_path / "m.safetensors"))
+    assert reg.entries() == [("a", "F32", [2, 3]), ("b", "I64", [5])]
+
+
+def test_mappings_project_like_the_library():
+    m = dcr.column_split([4, 6], 2, 1)
+    assert m.local_size == 12 and m(0) == (0, 3) and m(3) == (0, 9)
+    b = dcr.box([4, 6], [1, 2], [2, 3], [1, 0])  # transposed box
+    assert b(1) == (0, 14)
+
+
+def owner_and_shards():
+    reg = dcr.Registry([("w", "BF16", (4, 6))])
+    tasks = [dcr.AffineTask(reg, "w@0", dcr.row_split([4, 6], 2, 0), "w"),
+             dcr.AffineTask(reg, "w@1", dcr.row_split([4, 6], 2, 1), "w")]
+    return reg, dcr.Owner(reg, 0, tasks)
+
+
+def test_shards_through_dlpack_are_checked_and_named():
+    reg, owner = owner_and_shards()
+    w = torch.randn(4, 6).to(torch.bfloat16)
+    with pytest.raises(dcr.InvalidArgument, match="'w@1'.*not contiguous"):
+        owner.initialize([w[:2], w.t().contiguous().t()[2:]])
+    with pytest.raises(dcr.DtypeMismatch, match="'w@0'.*F32"):
+        owner.initialize([w[:2].float(), w[2:]])
+    with pytest.raises(dcr.ShapeMismatch, match="'w@1'"):
+        owner.initialize([w[:2], w[2:3]])
+    owner.initialize([w[:2], w[2:]])                               # torch
+    owner.initialize([w[:2].view(torch.int16).numpy().view(BF16), w[2:]])  # NumPy BF16 (ml_dtypes)
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self, dtype=torch.bfloat16):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 4, bias=False, dtype=dtype)
+
+
+def tiny_receiver(loader=None, dtype=torch.bfloat16, mode="state_dict"):
+    reg = dcr.Registry([("lin.weight", "BF16", (4, 6))])
+    m = TinyModel(dtype)
+    return reg, m, dcr.Receiver(reg, loader or m.load_state_dict, mode=mode)
+
+
+def test_loader_conditions_are_checked_at_prewarm():
+    reg, m, _ = tiny_receiver()
+    p = m.lin.weight
+
+    def scaled(sd):
+        with torch.no_grad():
+            p.copy_(sd["lin.weight"] * 2)
+    with pytest.raises(dcr.UnsupportedLoaderPath, match="'lin.weight'.*value transform"):
+        dcr.Receiver(reg, scaled).prewarm()
+
+    def broadcast(sd):
+        p.copy_(sd["lin.weight"][0])
+    with pytest.raises(dcr.UnsupportedLoaderPath, match="'lin.weight'.*overlapping"):
+        dcr.Receiver(reg, broadcast).prewarm()
+
+    def reads_values(sd):
+        if sd["lin.weight"][0, 0].item() > 0:
+            p.copy_(sd["lin.weight"])
+    with pytest.raises(dcr.UnsupportedLoaderPath, match="reads the values of tensor 'lin.weight'"):
+        dcr.Receiver(reg, reads_values).prewarm()
+
+    def twice(sd):
+        p[:2].copy_(sd["lin.weight"][:2])
+        p[:2].copy_(sd["lin.weight"][2:])
+    with pytest.raises(dcr.UnsupportedLoaderPath, match="lin.weight"):
+        dcr.Receiver(reg, twice).prewarm()
+
+    with pytest.raises(dcr.UnsupportedLoaderPath, match="neither copied nor skipped"):
+        dcr.Receiver(reg, lambda sd: None).prewarm()
+
+    def from_temporary(weights, sink):
+        for name, w in weights:
+            sink.copy(np.zeros((4, 6), BF16), w.copy())
+    with pytest.raises(dcr.UnsupportedLoaderPath, match="temporary"):
+        dcr.Receiver(reg, from_temporary, mode="sink").prewarm()
+
+
+def test_casts_make_a_tensor_overwrite_only_and_views_are_placed():
+    reg, m, rx = tiny_receiver(dtype=torch.float32)
+    rx.prewarm()
+    report = rx.placement_report()[0]
+    assert report["overwrite_only"] and "cast BF16->F32" in report["reason"]
+    # A vLLM-style loader: weight_loader copying transposed and cast views.
+    reg2 = dcr.Registry([("w", "BF16", (6, 4))])
+    store = torch.zeros(4, 6, dtype=torch.float32)
+
+    def load_weights(weights):
+        for name, w in weights:
+            store.copy_(w.t().to(torch.float32))
+    rx2 = dcr.Receiver(reg2, load_weights, mode="weights").prewarm()
+    src = torch.randn(6, 4).to(torch.bfloat16)
+    rx2.load({"w": src})
+    assert torch.equal(store, src.t().float())
+
+
+def payloads_for(reg, before, after, owner_id=0):
+    tasks = [dcr.AffineTask(reg, "lin.weight", dcr.replicated([4, 6]), "lin.weight")]
+    o = dcr.Owner(reg, owner_id, tasks)
+    o.initialize([before])
+    return o.build_payloads([after], 0, 1)
+
+
+@pytest.mark.parametrize("path", ["compiled", "general"])
+def test_apply_paths_match_a_dense_load(path):
+    reg, m, rx = tiny_receiver()
+    rx.prewarm()
+    rx.path = path
+    before = torch.randn(4, 6).to(torch.bfloat16)
+    after = before.clone()
+    after[1, 2] = -after[1, 2]
+    after[3, 5] = float("nan")
+    rx.load({"lin.weight": before})
+    rx.begin_attempt(0, 1)
+    assert [rx.apply_payload(p) for p in payloads_for(reg, before, after)] == ["applied"]
+    assert torch.equal(m.lin.weight.detach().view(torch.int16), after.view(torch.int16))
+    # The same payload again is dropped (an xor applied twice would undo it).
+    assert rx.apply_payload(payloads_for(reg, before, after)[0]) == "duplicate"
+    assert torch.equal(m.lin.weight.detach().view(torch.int16), after.view(torch.int16))
+
+
+def test_bad_payloads_change_nothing():
+    reg, m, rx = tiny_receiver()
+    rx.prewarm()
+    before = torch.randn(4, 6).to(torch.bfloat16)
+    after = before + 1
+    rx.load({"lin.weight": before})
+    snapshot = m.lin.weight.detach().clone()
+    other = dcr.Registry([("lin.weight", "BF16", (4, 6)), ("extra", "BF16", (2,))])
+    foreign = payloads_for(other, before, after)[0]
+    rx.begin_attempt(0, 1)
+    with pytest.raises(dcr.RegistryMismatch):
+        rx.apply_payload(foreign)
+    good = payloads_for(reg, before, after)[0]
+    with pytest.raises(dcr.CorruptPayload):
+        rx.apply_payload(good[:-9] + bytes([good[-9] ^ 1]) + good[-8:])
+    rx.begin_attempt(0, 1, 1)
+    with pytest.raises(dcr.StalePayload):
+        rx.apply_payload(good)  # built for attempt 0
+    assert torch.equal(m.lin.weight.detach(), snapshot)
+
+
+def test_residual_conversion_runs_only_when_an_input_changed():
+    reg = dcr.Registry([("n", "BF16", (8,))])
+    calls = []
+
+    def convert(output, inputs, out):
+        calls.append(output)
+        out[...] = inputs[0].astype(BF16)
+    task = dcr.ResidualTask(reg, "cast n", [("n_master", "F32", (8,))], ["n"], convert)
+    o = dcr.Owner(reg, 0, [], [task])
+    master = np.linspace(-1, 1, 8, dtype=np.float32)
+    o.initialize([], [master])
+    assert calls == [0]
+    assert o.build_payloads([], 0, 1, residual_inputs=[master]) == []
+    assert calls == [0]
+    changed = master.copy()
+    changed[3] = 5
+    assert len(o.build_payloads([], 0, 1, residual_inputs=[changed])) == 1
+    assert calls == [0, 0] and o.stats["residual_changed_elements"] == 1
+
+    def broken(output, inputs, out):
+        raise RuntimeError("no")
+    bad = dcr.Owner(reg, 0, [], [dcr.ResidualTask(reg, "bad", [("m", "F32", (8,))], ["n"], broken)])
+    with pytest.raises(dcr.Error, match="residual task 'bad'.*RuntimeError"):
+        bad.initialize([], [master])
