@@ -44,8 +44,10 @@ processes:
   --commit C            file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory (= --in-process)
                         (default file, in the work directory)
   --store DIR           filesystem payload store directory (default: in the work directory)
-  --transport T         file | s3://BUCKET[/PREFIX]: how payloads travel from owners to
-                        receivers (default file, the filesystem payload store). S3 credentials
+  --transport T         file | s3://BUCKET[/PREFIX] | relay: how payloads travel from owners
+                        to receivers (default file, the filesystem payload store; relay: owners
+                        stream to relay roots that forward to every receiver's node over
+                        mutual TLS, see docs/transports.md). S3 credentials
                         come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and
                         AWS_SESSION_TOKEN); the run's objects go under PREFIX/<run>/ and are
                         erased at the end unless --keep
@@ -59,6 +61,14 @@ processes:
                         crosses the cluster boundary once instead of once per rollout node
   --s3-parallel-gets N  S3 gets in flight per receiver (default 4)
   --s3-multipart-mb N   payloads larger than N MiB go up as multipart uploads (default 64)
+  --relay-roots N       relay roots, each its own process with its own cross-cluster flow(s);
+                        payloads are striped over them (default 4; 1 is the paper's relay tree)
+  --relay-flows N       cross-cluster flows per root: owner o uses flow o mod N (default 1)
+  --relay-port-base N   roots listen on 127.0.0.1:N.., then receiver r's node on N+roots+r
+                        (default: a free range)
+  --relay-certs DIR     the CA and certificates (DIR/ca.pem, DIR/{owner,root,node}.{pem,key}, as
+                        scripts/make-test-certs.sh DIR writes them; default: a throwaway CA made
+                        in the work directory)
   --trainer-nodes N     owners are grouped into N trainer nodes (trainer rank mod N), each with
                         one cross-cluster flow (default 1)
   --rollout-nodes N     receiver ranks are grouped into N rollout nodes (rank mod N), each
@@ -69,10 +79,11 @@ processes:
                         trainer node uploads its share of the full checkpoint to object
                         storage, then each rollout node downloads all of it
   --keep                keep the work directory (control plane, payloads, per-process results)
-  --kill ROLE[/ID]:STEP SIGKILL receiver/owner/coordinator ID (default 0) in the middle of step
-                        STEP (a receiver during apply, an owner while putting payloads, the
-                        coordinator with every acknowledgement in and before the commit); it is
-                        started again and recovers; repeatable
+  --kill ROLE[/ID]:STEP SIGKILL receiver/owner/coordinator/relay-root ID (default 0) in the
+                        middle of step STEP (a receiver during apply, an owner while putting
+                        payloads, the coordinator with every acknowledgement in and before the
+                        commit, a relay root once it forwarded a first chunk); it is started
+                        again and recovers; repeatable
   --commit-outage STEP  the control plane is unreachable for 3 s during step STEP (the file
                         store's directory moved aside; an etcd server whose pid is in
                         DCR_ETCD_PID frozen with SIGSTOP)
@@ -234,12 +245,20 @@ int simulate_main(const std::vector<std::string>& argv) {
       throw usage_error("--s3-parallel-gets must be 1 to 64");
     if (ps.s3_multipart_mb < 5) throw usage_error("--s3-multipart-mb must be at least 5 (S3's smallest part)");
     if (!ps.store.empty()) throw usage_error("--store is the file transport's directory (not with --transport s3://...)");
-  } else if (ps.transport != "file") {
-    throw usage_error("--transport must be file or s3://BUCKET[/PREFIX]");
+  } else if (ps.transport != "file" && ps.transport != "relay") {
+    throw usage_error("--transport must be file, relay or s3://BUCKET[/PREFIX]");
   } else if (!ps.s3_endpoint.empty() || !ps.s3_region.empty() || !ps.s3_addressing.empty() ||
              ps.s3_fanout || parallel_gets != -1 || multipart_mb != -1) {
     throw usage_error("the --s3-* options need --transport s3://BUCKET[/PREFIX]");
   }
+  ps.relay_roots = static_cast<int>(args.integer("--relay-roots", 4));
+  ps.relay_flows = static_cast<int>(args.integer("--relay-flows", 1));
+  ps.relay_port_base = static_cast<int>(args.integer("--relay-port-base", 0));
+  ps.relay_certs = args.value("--relay-certs", "");
+  if (ps.relay_roots < 1 || ps.relay_flows < 1)
+    throw usage_error("--relay-roots and --relay-flows must be at least 1");
+  if (ps.relay_port_base < 0 || ps.relay_port_base > 65535)
+    throw usage_error("--relay-port-base must be a port number");
   ps.keep = args.flag("--keep");
   ps.asynchronous = args.flag("--async");
   ps.pipelined = !args.flag("--no-pipeline");
@@ -258,8 +277,9 @@ int simulate_main(const std::vector<std::string>& argv) {
       kr.id = std::stoi(kr.role.substr(slash + 1));
       kr.role = kr.role.substr(0, slash);
     }
-    if (kr.role != "receiver" && kr.role != "owner" && kr.role != "coordinator")
-      throw usage_error("--kill: ROLE must be receiver, owner or coordinator");
+    if (kr.role != "receiver" && kr.role != "owner" && kr.role != "coordinator" &&
+        !(kr.role == "relay-root" && ps.transport == "relay"))
+      throw usage_error("--kill: ROLE must be receiver, owner or coordinator (or relay-root with --transport relay)");
     kr.step = std::stoll(k.substr(colon + 1));
     ps.kills.push_back(kr);
   }

@@ -6,12 +6,17 @@
 // model from the seed and the step (dcr::sim::trainer_selection), and appends one JSON line per
 // step to DIR/results/<role>-<id>.jsonl. A process killed by `--kill` (it SIGKILLs itself at the
 // named point) is started again with --restarted and recovers as the protocol says. The parent
-// reads the lines and the children's peak memory (wait4) and reports.
+// reads the lines and the children's peak memory (wait4) and reports. With --transport relay the
+// parent first makes the TLS files (unless --relay-certs), picks the ports and starts the relay
+// roots, processes that serve until the agents are done (then SIGTERM; simulate_transport.hpp).
 #include "simulate_processes.hpp"
 
 #include <fmt/core.h>
 #include <signal.h>
+#include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +26,7 @@
 #include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -356,6 +362,7 @@ int run_receiver(const simulate_settings& s) {
 struct child {
   std::string role;
   int id = 0;
+  bool service = false;  // a relay root: serves until the agents are done, then SIGTERM
   pid_t pid = -1;
   bool restarted = false;
   bool running = false;
@@ -366,16 +373,28 @@ struct child {
 std::vector<std::string> child_args(const simulate_settings& s, const std::string& role, int id,
                                     bool restarted) {
   std::vector<std::string> a{"dcr", "simulate"};
-  a.insert(a.end(), s.argv.begin(), s.argv.end());
+  // The relay's ports and TLS files as the parent resolved them replace what it was given.
+  for (std::size_t i = 0; i < s.argv.size(); ++i) {
+    const auto& arg = s.argv[i];
+    if (uses_relay(s) && (arg == "--relay-port-base" || arg == "--relay-certs")) {
+      ++i;
+      continue;
+    }
+    if (uses_relay(s) && (arg.rfind("--relay-port-base=", 0) == 0 || arg.rfind("--relay-certs=", 0) == 0)) continue;
+    a.push_back(arg);
+  }
+  if (uses_relay(s))
+    a.insert(a.end(), {"--relay-port-base", std::to_string(s.relay_port_base), "--relay-certs", s.relay_certs});
   a.insert(a.end(), {"--role", role, "--id", std::to_string(id), "--workdir", s.workdir});
   if (restarted) a.push_back("--restarted");
   return a;
 }
 
-pid_t spawn(const std::vector<std::string>& args) {
+pid_t spawn(const std::vector<std::string>& args, bool service = false) {
   const pid_t pid = ::fork();
   if (pid < 0) throw dcr::error(dcr::errc::io_error, "dcr simulate: fork failed");
   if (pid == 0) {
+    if (service) ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // a root never outlives its parent
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -392,6 +411,55 @@ std::vector<json> read_lines(const fs::path& path) {
   while (std::getline(in, line))
     if (!line.empty()) out.push_back(json::parse(line));
   return out;
+}
+
+// ---- the relay's setup in the parent
+
+/// Whether every port of [base, base + count) can be bound on 127.0.0.1 now.
+bool ports_free(int base, int count) {
+  for (int p = base; p < base + count; ++p) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(p));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = ::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+/// Resolves --relay-port-base (a free range when not given) and --relay-certs (a throwaway CA
+/// in the work directory when not given).
+void prepare_relay(simulate_settings& s) {
+  const int count = s.relay_roots + s.receiver_tp;
+  if (s.relay_port_base == 0) {
+    std::mt19937 rng(std::random_device{}());
+    for (int tries = 0; tries < 200 && s.relay_port_base == 0; ++tries) {
+      const int base = 20000 + static_cast<int>(rng() % 30000);
+      if (ports_free(base, count)) s.relay_port_base = base;
+    }
+    DCR_EXPECTS(s.relay_port_base != 0, dcr::errc::transport_failure,
+                "dcr simulate: no range of " + std::to_string(count) + " free ports on 127.0.0.1 (give --relay-port-base)");
+  }
+  DCR_EXPECTS(s.relay_port_base + count <= 65536, dcr::errc::invalid_argument,
+              "dcr simulate: --relay-port-base " + std::to_string(s.relay_port_base) + " leaves no room for " +
+                  std::to_string(count) + " ports");
+  if (s.relay_certs.empty()) {
+    s.relay_certs = (fs::path(s.workdir) / "certs").string();
+    const std::string script = DCR_MAKE_TEST_CERTS;
+    DCR_EXPECTS(fs::exists(script), dcr::errc::invalid_argument,
+                "dcr simulate: --transport relay without --relay-certs needs " + script +
+                    " (or make a CA and certificates yourself and pass --relay-certs DIR)");
+    const std::string cmd = "bash '" + script + "' '" + s.relay_certs + "' owner root node";
+    DCR_EXPECTS(std::system(cmd.c_str()) == 0, dcr::errc::io_error, "dcr simulate: '" + cmd + "' failed");
+  }
+  for (const char* f : {"ca.pem", "owner.pem", "owner.key", "root.pem", "root.key", "node.pem", "node.key"})
+    DCR_EXPECTS(fs::exists(fs::path(s.relay_certs) / f), dcr::errc::invalid_argument,
+                "dcr simulate: --relay-certs " + s.relay_certs + " has no " + f +
+                    " (scripts/make-test-certs.sh DIR makes a throwaway set)");
 }
 
 // `--commit-outage STEP`: once the attempt of STEP is open, the control plane goes away for
@@ -439,6 +507,10 @@ int run_simulate_agent(const simulate_settings& s) {
     if (s.role == "coordinator") return run_coordinator(s);
     if (s.role == "owner") return run_owner(s);
     if (s.role == "receiver") return run_receiver(s);
+    if (s.role == "relay-root")
+      return run_relay_root(s, [&](const dcr::payload_id& id) {
+        return id.base_version != id.target_version && kill_here(s, "relay-root", id.target_version);
+      });
     fmt::print(stderr, "dcr simulate: unknown --role '{}'\n", s.role);
     return 2;
   } catch (const std::exception& e) {
@@ -461,14 +533,16 @@ int run_simulate_processes(const simulate_settings& settings) {
   const dcr::sim::synthetic_trainer layout(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
                                            s.trainer_layout, dcr::sim::trainer_selection::none());
   const auto owners = owner_ids(layout);
+  if (uses_relay(s)) prepare_relay(s);
   const auto t0 = protocol_clock::now();
 
   std::vector<child> children;
+  for (int k = 0; uses_relay(s) && k < s.relay_roots; ++k) children.push_back({"relay-root", k, true});
   children.push_back({"coordinator", 0});
   for (auto o : owners) children.push_back({"owner", static_cast<int>(o)});
   for (int r = 0; r < s.receiver_tp; ++r) children.push_back({"receiver", r});
   for (auto& c : children) {
-    c.pid = spawn(child_args(s, c.role, c.id, false));
+    c.pid = spawn(child_args(s, c.role, c.id, false), c.service);
     c.running = true;
   }
   std::atomic<bool> stop_outage{false}, outage_done{false};
@@ -478,7 +552,15 @@ int run_simulate_processes(const simulate_settings& settings) {
   std::vector<child> finished;  // every process that ran, restarted ones included
   int failures = 0;
   const auto deadline = deadline_of(s) + std::chrono::seconds(30);
+  bool services_stopped = false;
   while (std::any_of(children.begin(), children.end(), [](const child& c) { return c.running; })) {
+    // The agents are done: the relay roots are told to stop.
+    if (!services_stopped &&
+        std::none_of(children.begin(), children.end(), [](const child& c) { return c.running && !c.service; })) {
+      services_stopped = true;
+      for (auto& c : children)
+        if (c.running) ::kill(c.pid, SIGTERM);
+    }
     int status = 0;
     rusage usage{};
     const pid_t pid = ::wait4(-1, &status, WNOHANG, &usage);
@@ -502,11 +584,12 @@ int run_simulate_processes(const simulate_settings& settings) {
       const bool planned = std::any_of(s.kills.begin(), s.kills.end(), [&](const kill_request& k) {
         return k.role == c.role && k.id == c.id;
       });
-      if (killed && planned && !c.restarted) {
-        c.pid = spawn(child_args(s, c.role, c.id, true));
+      if (killed && planned && !c.restarted && !services_stopped) {
+        c.pid = spawn(child_args(s, c.role, c.id, true), c.service);
         c.running = true;
         c.restarted = true;
-      } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) &&
+                 !(c.service && services_stopped && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)) {
         ++failures;
         fmt::print(stderr, "dcr simulate: {} {} (pid {}) failed (status {})\n", c.role, c.id,
                    c.pid, status);
@@ -665,13 +748,25 @@ int run_simulate_processes(const simulate_settings& settings) {
                           {"checkpoint_bytes", reference->checkpoint_bytes},
                           {"bytes_crossing", reference->bytes_crossing},
                           {"transport_seconds", reference->transport_seconds}};
+    if (uses_relay(s)) {
+      json roots = json::array();
+      for (int k = 0; k < s.relay_roots; ++k)
+        for (auto& j : read_lines(results / ("relay-root-" + std::to_string(k) + ".jsonl"))) {
+          j["root"] = k;
+          roots.push_back(j);
+        }
+      out["relay"] = {{"roots", s.relay_roots}, {"flows_per_root", s.relay_flows},
+                      {"port_base", s.relay_port_base}, {"root_counters", roots}};
+    }
     fmt::print("{}\n", out.dump(2));
   } else {
-    fmt::print("dcr simulate: {} processes (1 coordinator, {} owners, {} receivers), {:.1f} MB "
-               "checkpoint, control plane {}, payload store {}\n",
-               children.size(), owners.size(), s.receiver_tp, checkpoint_bytes / 1e6,
-               uses_etcd(s) ? s.commit : plane_dir(s),
-               transport_description(s) + (s.s3_fanout ? " (fan-out)" : ""));
+    fmt::print("dcr simulate: {} processes (1 coordinator, {} owners, {} receivers{}), {:.1f} MB "
+               "checkpoint, control plane {}, {}\n",
+               children.size(), owners.size(), s.receiver_tp,
+               uses_relay(s) ? fmt::format(", {} relay roots", s.relay_roots) : std::string(),
+               checkpoint_bytes / 1e6, uses_etcd(s) ? s.commit : plane_dir(s),
+               uses_relay(s) ? fmt::format("relay on 127.0.0.1:{}.., certificates {}", s.relay_port_base, s.relay_certs)
+                             : "payload store " + transport_description(s) + (s.s3_fanout ? " (fan-out)" : ""));
     fmt::print("  device {}: detect, project, tracker update on {}; apply on {}; residual, "
                "encode, compress, decode, verify on cpu\n",
                s.device_description, detect_on, apply_on);

@@ -18,7 +18,7 @@ namespace dcr_tool {
 
 /// A process to SIGKILL in the middle of a step (`--kill ROLE[/ID]:STEP`).
 struct kill_request {
-  std::string role;  ///< receiver, owner or coordinator
+  std::string role;  ///< receiver, owner, coordinator or relay-root
   int id = 0;        ///< which receiver rank or owner id (0 by default)
   std::int64_t step = 0;
 };
@@ -61,6 +61,14 @@ struct simulate_settings {
   int trainer_nodes = 1, rollout_nodes = 1;
   double link_rate = 0;
   bool reference = false;  ///< --reference: also time the full checkpoint through object storage
+  /// --transport relay (simulate_transport.hpp): roots (each its own process), cross-cluster
+  /// flows per root, the first port (roots listen on base + k, receiver rank r's node on
+  /// base + roots + r; 0: the parent picks a free range), and the TLS files (a directory as
+  /// scripts/make-test-certs.sh writes it; "": the parent makes a throwaway CA in the work
+  /// directory).
+  int relay_roots = 4, relay_flows = 1;
+  int relay_port_base = 0;
+  std::string relay_certs;
   bool keep = false;
   bool asynchronous = false;
   bool pipelined = true;

@@ -1,6 +1,7 @@
 // tools/dcr/simulate_transport.hpp: the payload transport of `dcr simulate` across processes,
 // one function per side, so that each transport (--transport file, the filesystem store in
-// --store DIR; --transport s3://BUCKET/PREFIX, an S3 store) is one branch in each:
+// --store DIR; --transport s3://BUCKET/PREFIX, an S3 store; --transport relay) is one branch in
+// each:
 //   with_owner_store(s, f)        f(store): what an owner agent puts its payloads into;
 //   with_coordinator_store(s, f)  f(store): what the coordinator erases committed payloads from;
 //   with_receiver_source(s, f)    f(source): what a receiver agent reads its payloads from.
@@ -23,19 +24,35 @@
 // share downloads it (booked on its rollout node's flow) and forwards it into WORKDIR/fanout,
 // a file store standing for the rollout cluster's local network, where every other receiver
 // reads it without crossing the boundary.
+// --transport relay (dcr/protocol/relay.hpp): the parent starts --relay-roots root processes
+// (role relay-root, listening on 127.0.0.1:BASE+k) and each receiver process hosts the relay
+// node of its own rank (127.0.0.1:BASE+roots+rank), so a root forwards to every receiver process
+// over loopback, the local links (unshaped). The cross-cluster flows are the owners'
+// connections to the roots: "relay-root-K" (with --relay-flows F > 1, "relay-root-K-F", owner o
+// on flow o mod F), booked by the owners as they write, so each byte is counted once. Every
+// peer authenticates with the certificates in --relay-certs (DIR/ca.pem, DIR/{owner,root,node}
+// .pem and .key); without it the parent makes a throwaway CA in WORKDIR/certs with
+// scripts/make-test-certs.sh.
 #pragma once
+
+#include <fmt/core.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "dcr/protocol/fanout_store.hpp"
 #include "dcr/protocol/link_shaper.hpp"
+#include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
 #include "dcr/protocol/s3_payload_store.hpp"
+#include "dcr/protocol/relay.hpp"
 #include "simulate_processes.hpp"
 
 namespace dcr_tool {
@@ -166,8 +183,85 @@ class shaped_store {
   dcr::link_shaper* get_flow_;
 };
 
+// ---- the relay
+
+inline bool uses_relay(const simulate_settings& s) { return s.transport == "relay"; }
+
+inline dcr::relay_endpoint relay_root_endpoint(const simulate_settings& s, int k) {
+  return {"127.0.0.1", static_cast<std::uint16_t>(s.relay_port_base + k)};
+}
+inline dcr::relay_endpoint relay_node_endpoint(const simulate_settings& s, int rank) {
+  return {"127.0.0.1", static_cast<std::uint16_t>(s.relay_port_base + s.relay_roots + rank)};
+}
+/// The cross-cluster flow owner `owner`'s connection to root `root` books on.
+inline std::string relay_flow_name(const simulate_settings& s, int root, int owner) {
+  std::string name = "relay-root-" + std::to_string(root);
+  if (s.relay_flows > 1) name += "-" + std::to_string(owner % s.relay_flows);
+  return name;
+}
+inline dcr::relay_tls relay_tls_of(const simulate_settings& s, const std::string& role) {
+  return dcr::relay_tls::in_directory(s.relay_certs, role);
+}
+/// What a relay component reports: into WORKDIR/results/<role>-<id>.relay.log (each line after
+/// its unix time), and refusals (an unauthenticated peer) to stderr as well.
+inline std::function<void(const std::string&)> relay_log(const simulate_settings& s) {
+  const auto path = std::filesystem::path(s.workdir) / "results" /
+                    (s.role + "-" + std::to_string(s.id) + ".relay.log");
+  const std::string who = s.role + " " + std::to_string(s.id);
+  return [path, who](const std::string& line) {
+    std::ofstream(path, std::ios::app) << fmt::format("{:.3f} ", dcr::unix_seconds_now()) << line << "\n";
+    if (line.find("refused peer") != std::string::npos || line.find("refused this peer") != std::string::npos)
+      fmt::print(stderr, "dcr simulate: {}: {}\n", who, line);
+  };
+}
+
+/// A relay root process (role relay-root): forwards until SIGTERM, then writes its counters to
+/// WORKDIR/results/relay-root-<id>.jsonl. `kill_at(id)`: whether to SIGKILL itself after
+/// forwarding the first chunk of a payload with that id (--kill relay-root).
+template <class KillAt>
+int run_relay_root(const simulate_settings& s, KillAt kill_at) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // before the root's thread starts: it inherits it
+  dcr::relay_root_options o;
+  o.listen = relay_root_endpoint(s, s.id);
+  for (int r = 0; r < s.receiver_tp; ++r) o.nodes.push_back(relay_node_endpoint(s, r));
+  o.tls = relay_tls_of(s, "root");
+  o.name = "relay root " + std::to_string(s.id);
+  o.log = relay_log(s);
+  o.after_first_chunk = [kill_at](const dcr::payload_id& id) {
+    if (kill_at(id)) ::raise(SIGKILL);
+  };
+  dcr::relay_root root(o);
+  int signal = 0;
+  sigwait(&stop, &signal);
+  const auto st = root.stats();
+  const nlohmann::json j{{"payloads", st.payloads}, {"bytes_in", st.bytes_in},
+                         {"bytes_forwarded", st.bytes_forwarded},
+                         {"peak_buffered_bytes", st.peak_buffered_bytes}, {"refusals", st.refusals}};
+  std::ofstream(std::filesystem::path(s.workdir) / "results" / ("relay-root-" + std::to_string(s.id) + ".jsonl"),
+                std::ios::app)
+      << j.dump() << "\n";
+  return 0;
+}
+
+// ---- one function per side
+
 template <class F>
 int with_owner_store(const simulate_settings& s, F&& f) {
+  if (uses_relay(s)) {
+    dcr::relay_owner_options o;
+    for (int k = 0; k < s.relay_roots; ++k) {
+      o.roots.push_back(relay_root_endpoint(s, k));
+      o.flows.push_back(&cross_cluster_flow(s, relay_flow_name(s, k, s.id)));
+    }
+    o.tls = relay_tls_of(s, "owner");
+    o.name = "owner " + std::to_string(s.id);
+    dcr::relay_owner_store store(o);
+    return f(store);
+  }
   auto& flow = cross_cluster_flow(s, "trainer-node-" + std::to_string(trainer_node_of(s, s.id)));
   if (uses_s3(s)) {
     dcr::s3_payload_store store(s3_options_of(s));
@@ -181,6 +275,10 @@ int with_owner_store(const simulate_settings& s, F&& f) {
 
 template <class F>
 int with_coordinator_store(const simulate_settings& s, F&& f) {
+  if (uses_relay(s)) {  // the nodes drop an attempt's payloads when the next one is announced
+    dcr::nothing_to_erase nothing;
+    return f(nothing);
+  }
   if (uses_s3(s)) {
     dcr::s3_payload_store store(s3_options_of(s));
     if (!s.s3_fanout) return f(store);
@@ -196,6 +294,19 @@ int with_coordinator_store(const simulate_settings& s, F&& f) {
 
 template <class F>
 int with_receiver_source(const simulate_settings& s, F&& f) {
+  if (uses_relay(s)) {
+    dcr::relay_node_options o;
+    o.listen = relay_node_endpoint(s, s.id);
+    o.tls = relay_tls_of(s, "node");
+    o.name = "relay node of r" + std::to_string(s.id);
+    // A payload is at most about a bucket (one larger item makes one larger payload, admitted
+    // alone): two buckets per root connection keep every root streaming.
+    o.window_bytes = std::max<std::uint64_t>(std::uint64_t{16} << 20, 2 * std::uint64_t{s.options.bucket_bytes});
+    o.log = relay_log(s);
+    dcr::relay_node node(o);
+    dcr::relay_node::source source(node, "r" + std::to_string(s.id));
+    return f(source);
+  }
   auto& flow = cross_cluster_flow(s, "rollout-node-" + std::to_string(rollout_node_of(s, s.id)));
   if (uses_s3(s)) {
     dcr::s3_payload_store store(s3_options_of(s));

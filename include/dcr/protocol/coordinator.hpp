@@ -83,10 +83,11 @@ struct transition_summary {
   double wait_seconds = 0;
 };
 
-template <control_plane Plane, payload_store Store>
+template <control_plane Plane, payload_cleanup Store>
 class coordinator {
  public:
-  /// `owners`: the owner ids every refit attempt expects. The plane and store must outlive it.
+  /// `owners`: the owner ids every refit attempt expects. The plane and store must outlive it;
+  /// the store is only erased from after commits (nothing_to_erase for a push transport).
   coordinator(Plane& plane, Store& store, std::uint64_t registry_fingerprint,
               std::vector<std::uint32_t> owners, coordinator_options options = {})
       : plane_(&plane), store_(&store), fingerprint_(registry_fingerprint),

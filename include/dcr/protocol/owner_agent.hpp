@@ -1,6 +1,8 @@
 // dcr/protocol/owner_agent.hpp: the trainer side of the protocol for one owner, in the owner's
 // own process: it follows the attempt records, builds and puts the payloads of every attempt
 // the coordinator opens (pipelined), reports, and updates the trackers after the joint commit.
+// It puts into any payload_sink (a pull store, or the owner end of a push transport, which is
+// told each attempt first: attempt_routed_sink).
 //
 // States of one transition v -> v+1 (docs/protocol.md has the whole machine):
 //   waiting   -> an open refit attempt of v -> v+1 naming this owner's candidate appears
@@ -56,7 +58,7 @@ inline double unix_seconds_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-template <control_plane Plane, payload_store Store>
+template <control_plane Plane, payload_sink Store>
 class owner_agent {
  public:
   /// The owner, registry, control plane and store must outlive the agent.
@@ -300,6 +302,12 @@ class owner_agent {
     const double u0 = unix_seconds_now();
     timeline_.clear();
     ids_.clear();
+    // A push transport routes by attempt: it learns the attempt, its receivers and its
+    // deadline first.
+    if constexpr (attempt_routed_sink<Store>)
+      store_->open_attempt(a.key(), a.receivers,
+                           clock::now() + std::chrono::milliseconds(std::max<std::int64_t>(
+                                              0, a.deadline_unix_ms - unix_ms_now())));
     std::uint32_t sequence = 0;
     std::uint64_t records = 0;
     double compress = 0, put_time = 0;

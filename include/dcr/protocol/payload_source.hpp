@@ -73,6 +73,13 @@ concept payload_source =
       { s.refetch(id, bytes) } -> std::same_as<bool>;  // a fresh copy (false: gone)
     };
 
+/// A source that holds payloads on its receiver's behalf (a push transport: a relay node
+/// acknowledges a payload only once its receivers took it) is told when the receiver is done
+/// with an attempt, whatever the outcome (applied, failed or fenced): it will take nothing more
+/// of it. The receiver agent calls close(key) at the end of every attempt when the source has it.
+template <class S>
+concept closable_source = payload_source<S> && requires(S& s, const attempt_key& key) { s.close(key); };
+
 /// A payload source over any pull store: lists the attempt, gets what is new, and polls
 /// (every `poll_interval`) when nothing is. Not thread-safe (one receiver agent uses it).
 template <payload_store Store>

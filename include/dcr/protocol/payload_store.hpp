@@ -1,7 +1,9 @@
 // dcr/protocol/payload_store.hpp: where owners put payloads and receivers get them (pull
 // stores: a directory, S3, memory), and what a receiver agent reads from (a payload source,
 // which a push transport such as a relay implements directly and any pull store gets through
-// store_source in dcr/protocol/payload_source.hpp).
+// store_source in dcr/protocol/payload_source.hpp). Owners need only the sink half (put,
+// put_manifest) and the coordinator only erase_through, so a push transport gives owners a
+// payload_sink and the coordinator nothing_to_erase.
 //
 // Object-storage semantics, per attempt of a transition:
 //   - an owner puts each payload once, as soon as it is built (payload ids are immutable
@@ -18,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <filesystem>
@@ -87,8 +90,11 @@ inline std::vector<payload_id> parse_manifest(std::string_view text, const attem
 
 }  // namespace detail
 
-/// Opt-in tag: a payload store declares `using payload_store_concept = dcr::payload_store_tag;`.
-struct payload_store_tag {};
+/// Opt-in tags: a payload store declares `using payload_store_concept = dcr::payload_store_tag;`.
+/// A sink (what an owner agent needs: put payloads, then the manifest, nothing to read back,
+/// e.g. the owner end of a push transport) declares `payload_sink_tag`; every store is a sink.
+struct payload_sink_tag {};
+struct payload_store_tag : payload_sink_tag {};
 
 /// What one owner has put for one attempt so far.
 struct owner_listing {
@@ -104,17 +110,45 @@ enum class get_status {
 };
 
 template <class S>
-concept payload_store =
-    std::same_as<typename S::payload_store_concept, payload_store_tag> &&
+concept payload_sink =
+    std::derived_from<typename S::payload_store_concept, payload_sink_tag> &&
     requires(S& s, const payload_id& id, std::span<const std::byte> bytes, const attempt_key& key,
-             std::uint32_t owner, std::span<const payload_id> ids, std::vector<std::byte>& out,
-             std::uint64_t version) {
+             std::uint32_t owner, std::span<const payload_id> ids) {
       s.put(id, bytes);                   // once per id (equal bytes again: no-op)
       s.put_manifest(key, owner, ids);    // the owner's complete list for the attempt
+    };
+
+/// A sink that routes by attempt (a push transport) is told each attempt, the receivers it
+/// requires and its deadline (the coordinator fails the attempt then: no wait of the sink for
+/// that attempt need last longer) before the owner's first put of it; the owner agent calls
+/// open_attempt when the sink has it.
+template <class S>
+concept attempt_routed_sink =
+    payload_sink<S> && requires(S& s, const attempt_key& key, std::span<const std::string> receivers,
+                                std::chrono::steady_clock::time_point deadline) {
+      s.open_attempt(key, receivers, deadline);
+    };
+
+/// What the coordinator needs after a commit: drop what it made obsolete.
+template <class S>
+concept payload_cleanup = requires(S& s, std::uint64_t version) {
+  s.erase_through(version);  // objects of transitions with target <= version
+};
+
+template <class S>
+concept payload_store =
+    payload_sink<S> && payload_cleanup<S> &&
+    std::derived_from<typename S::payload_store_concept, payload_store_tag> &&
+    requires(S& s, const payload_id& id, const attempt_key& key, std::vector<std::byte>& out) {
       { s.list(key) } -> std::same_as<std::vector<owner_listing>>;  // by owner ascending
       { s.get(id, out) } -> std::same_as<get_status>;
-      s.erase_through(version);           // objects of transitions with target <= version
     };
+
+/// The coordinator's cleanup for a transport that stores nothing a commit makes obsolete (the
+/// relay: its nodes drop an attempt's payloads as soon as a later attempt is announced).
+struct nothing_to_erase {
+  void erase_through(std::uint64_t) noexcept {}
+};
 
 /// An in-memory payload store (tests, the in-process driver). Thread-safe.
 class memory_payload_store {

@@ -317,6 +317,9 @@ class receiver_agent {
       failure = std::string("receiver '") + name_ + "': " + e.what();
     }
     done = true;
+    // Nothing more of this attempt is taken here, whatever happened: a push transport answers
+    // its senders for whatever this receiver did not take.
+    if constexpr (closable_source<Source>) source_->close(key);
     ack_.duplicates = rx_->stats().duplicates_dropped;
     ack_.applied_payloads = rx_->stats().attempt_payloads;
     ack_.applied_payload_digest = rx_->stats().attempt_payload_digest;

@@ -29,6 +29,22 @@
 
 namespace dcr::sim {
 
+/// A dense refit of `rx`: every canonical tensor of `registry` loaded through the receiver's
+/// native loader from `canonical[id]` (its canonical bytes, row-major).
+template <class Receiver>
+void dense_load_all(Receiver& rx, const tensor_registry& registry,
+                    const std::vector<std::vector<std::byte>>& canonical) {
+  for (std::size_t id = 0; id < registry.size(); ++id) {
+    const auto& t = registry.at(static_cast<tensor_id>(id));
+    visit_word(dtype_size(t.type), [&](auto w) {
+      using W = decltype(w);
+      rx.template dense_load<W>(static_cast<tensor_id>(id),
+                                tensor_view<const W>::contiguous(
+                                    reinterpret_cast<const W*>(canonical[id].data()), t.shape));
+    });
+  }
+}
+
 struct deployment_options {
   moe_config model;
   int trainer_tp = 2;
@@ -208,17 +224,7 @@ class in_process_deployment {
     std::unique_ptr<rank_state> reference;  // dense-refit reference, made on first verify
   };
 
-  void dense_load_all(engine_receiver& rx) {
-    for (std::size_t id = 0; id < registry_.size(); ++id) {
-      const auto& t = registry_.at(static_cast<tensor_id>(id));
-      visit_word(dtype_size(t.type), [&](auto w) {
-        using W = decltype(w);
-        rx.template dense_load<W>(static_cast<tensor_id>(id),
-                                  tensor_view<const W>::contiguous(
-                                      reinterpret_cast<const W*>(canonical_[id].data()), t.shape));
-      });
-    }
-  }
+  void dense_load_all(engine_receiver& rx) { sim::dense_load_all(rx, registry_, canonical_); }
 
   deployment_options options_;
   tensor_registry registry_;

@@ -112,6 +112,11 @@ class faulty_source {
   bool refetch(const payload_id& id, std::vector<std::byte>& bytes) {
     return inner_->refetch(id, bytes);
   }
+  void close(const attempt_key& key)
+    requires closable_source<Source>
+  {
+    inner_->close(key);
+  }
 
  private:
   Source* inner_;
