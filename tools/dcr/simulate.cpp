@@ -44,20 +44,13 @@ processes:
   --commit C            file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory (= --in-process)
                         (default file, in the work directory)
   --store DIR           filesystem payload store directory (default: in the work directory)
-  --transport T         file | relay | s3://BUCKET[/PREFIX]: how payloads travel from owners
+  --transport T         file | s3://BUCKET[/PREFIX] | relay: how payloads travel from owners
                         to receivers (default file, the filesystem payload store; relay: owners
-                        stream to relay roots that forward to every receiver's node over mutual
-                        TLS; S3: credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
-                        (and AWS_SESSION_TOKEN), the run's objects go under PREFIX/<run>/ and
-                        are erased at the end unless --keep); see docs/transports.md
-  --relay-roots N       relay roots, each its own process with its own cross-cluster flow(s);
-                        payloads are striped over them (default 4; 1 is the paper's relay tree)
-  --relay-flows N       cross-cluster flows per root: owner o uses flow o mod N (default 1)
-  --relay-port-base N   roots listen on 127.0.0.1:N.., then receiver r's node on N+roots+r
-                        (default: a free range)
-  --relay-certs DIR     the CA and certificates (DIR/ca.pem, DIR/{owner,root,node}.{pem,key}, as
-                        scripts/make-test-certs.sh DIR writes them; default: a throwaway CA made
-                        in the work directory)
+                        stream to relay roots that forward to every receiver's node over
+                        mutual TLS, see docs/transports.md). S3 credentials
+                        come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and
+                        AWS_SESSION_TOKEN); the run's objects go under PREFIX/<run>/ and are
+                        erased at the end unless --keep
   --s3-endpoint URL     the S3 service, e.g. http://127.0.0.1:8333 (default AWS,
                         https://s3.REGION.amazonaws.com)
   --s3-region R         signing region (default AWS_REGION, AWS_DEFAULT_REGION or us-east-1)
@@ -68,6 +61,14 @@ processes:
                         crosses the cluster boundary once instead of once per rollout node
   --s3-parallel-gets N  S3 gets in flight per receiver (default 4)
   --s3-multipart-mb N   payloads larger than N MiB go up as multipart uploads (default 64)
+  --relay-roots N       relay roots, each its own process with its own cross-cluster flow(s);
+                        payloads are striped over them (default 4; 1 is the paper's relay tree)
+  --relay-flows N       cross-cluster flows per root: owner o uses flow o mod N (default 1)
+  --relay-port-base N   roots listen on 127.0.0.1:N.., then receiver r's node on N+roots+r
+                        (default: a free range)
+  --relay-certs DIR     the CA and certificates (DIR/ca.pem, DIR/{owner,root,node}.{pem,key}, as
+                        scripts/make-test-certs.sh DIR writes them; default: a throwaway CA made
+                        in the work directory)
   --trainer-nodes N     owners are grouped into N trainer nodes (trainer rank mod N), each with
                         one cross-cluster flow (default 1)
   --rollout-nodes N     receiver ranks are grouped into N rollout nodes (rank mod N), each

@@ -536,7 +536,7 @@ int run_simulate_processes(const simulate_settings& settings) {
   if (uses_relay(s)) {
     try {
       prepare_relay(s);
-    } catch (...) {
+    } catch (...) {  // a relay that cannot be set up leaves no work directory behind
       std::error_code ec;
       fs::remove_all(s.workdir, ec);
       throw;
@@ -773,8 +773,8 @@ int run_simulate_processes(const simulate_settings& settings) {
                children.size(), owners.size(), s.receiver_tp,
                uses_relay(s) ? fmt::format(", {} relay roots", s.relay_roots) : std::string(),
                checkpoint_bytes / 1e6, uses_etcd(s) ? s.commit : plane_dir(s),
-               (uses_relay(s) ? "" : "payload store ") + transport_description(s) +
-                   (s.s3_fanout ? " (fan-out)" : ""));
+               uses_relay(s) ? fmt::format("relay on 127.0.0.1:{}.., certificates {}", s.relay_port_base, s.relay_certs)
+                             : "payload store " + transport_description(s) + (s.s3_fanout ? " (fan-out)" : ""));
     fmt::print("  device {}: detect, project, tracker update on {}; apply on {}; residual, "
                "encode, compress, decode, verify on cpu\n",
                s.device_description, detect_on, apply_on);

@@ -60,6 +60,7 @@ struct simulate_settings {
   /// to link_rate bytes per second (0: unlimited, counted only). Local links are not shaped.
   int trainer_nodes = 1, rollout_nodes = 1;
   double link_rate = 0;
+  bool reference = false;  ///< --reference: also time the full checkpoint through object storage
   /// --transport relay (simulate_transport.hpp): roots (each its own process), cross-cluster
   /// flows per root, the first port (roots listen on base + k, receiver rank r's node on
   /// base + roots + r; 0: the parent picks a free range), and the TLS files (a directory as
@@ -68,7 +69,6 @@ struct simulate_settings {
   int relay_roots = 4, relay_flows = 1;
   int relay_port_base = 0;
   std::string relay_certs;
-  bool reference = false;  ///< --reference: also time the full checkpoint through object storage
   bool keep = false;
   bool asynchronous = false;
   bool pipelined = true;

@@ -24,7 +24,6 @@
 // share downloads it (booked on its rollout node's flow) and forwards it into WORKDIR/fanout,
 // a file store standing for the rollout cluster's local network, where every other receiver
 // reads it without crossing the boundary.
-//
 // --transport relay (dcr/protocol/relay.hpp): the parent starts --relay-roots root processes
 // (role relay-root, listening on 127.0.0.1:BASE+k) and each receiver process hosts the relay
 // node of its own rank (127.0.0.1:BASE+roots+rank), so a root forwards to every receiver process
@@ -52,8 +51,8 @@
 #include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
-#include "dcr/protocol/relay.hpp"
 #include "dcr/protocol/s3_payload_store.hpp"
+#include "dcr/protocol/relay.hpp"
 #include "simulate_processes.hpp"
 
 namespace dcr_tool {
@@ -80,14 +79,8 @@ inline dcr::s3_options s3_options_of(const simulate_settings& s, bool run_prefix
   return o;
 }
 
-/// Whether payloads go through the relay (--transport relay).
-inline bool uses_relay(const simulate_settings& s) { return s.transport == "relay"; }
-
-/// Where payloads go, for the report: the store directory, s3://BUCKET/PREFIX/RUN/, or the
-/// relay's first port and certificates.
+/// Where payloads go, for the report: the store directory, or s3://BUCKET/PREFIX/RUN/.
 inline std::string transport_description(const simulate_settings& s) {
-  if (uses_relay(s))
-    return "relay 127.0.0.1:" + std::to_string(s.relay_port_base) + ".., certificates " + s.relay_certs;
   return uses_s3(s) ? "s3://" + s3_options_of(s).bucket + "/" + s3_options_of(s).prefix : store_dir(s);
 }
 
@@ -191,6 +184,8 @@ class shaped_store {
 };
 
 // ---- the relay
+
+inline bool uses_relay(const simulate_settings& s) { return s.transport == "relay"; }
 
 inline dcr::relay_endpoint relay_root_endpoint(const simulate_settings& s, int k) {
   return {"127.0.0.1", static_cast<std::uint16_t>(s.relay_port_base + k)};

@@ -294,6 +294,32 @@ class coordinator {
       regs = live_receivers(deadline);
     }
     started_ = true;
+    // A member that applied v (same incarnation, registration alive) may not have rewritten its
+    // registration to say so yet when the next transition's prepare runs right after the
+    // commit. Wait for it (bounded by attempt_timeout from the first look) instead of dropping
+    // it and making it rejoin through a needless dense restore.
+    for (;;) {
+      bool lagging = false;
+      for (const auto& [name, incarnation] : membership.value.receivers) {
+        auto r = regs.find(name);
+        lagging = lagging || (r != regs.end() && r->second.incarnation == incarnation &&
+                              !dead_.contains(incarnation) && r->second.restored &&
+                              r->second.committed_version + 1 == v);
+      }
+      if (!lagging) {
+        lagging_since_.reset();
+        break;
+      }
+      const auto now = protocol_clock::now();
+      if (!lagging_since_) lagging_since_ = now;
+      if (now - *lagging_since_ > options_.attempt_timeout || now >= deadline) break;
+      with_retry("coordinator: wait for members at the committed version", deadline, [&] {
+        return plane_->wait_for_change(keys.receivers(), receivers_seen,
+                                       std::min(deadline, now + std::chrono::milliseconds(200)));
+      });
+      receivers_seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
+      regs = live_receivers(deadline);
+    }
     membership_record next = membership.value;
     for (auto it = next.receivers.begin(); it != next.receivers.end();) {
       auto r = regs.find(it->first);
@@ -634,6 +660,8 @@ class coordinator {
   std::vector<std::uint32_t> owners_;
   coordinator_options options_;
   bool started_ = false;  // min_receivers was met once
+  // When prepare first saw a member still registered at the previous version (see prepare).
+  std::optional<protocol_clock::time_point> lagging_since_;
   std::set<std::string> dead_;  // incarnations seen leaving: never required again
 };
 
