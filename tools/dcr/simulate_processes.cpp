@@ -533,7 +533,15 @@ int run_simulate_processes(const simulate_settings& settings) {
   const dcr::sim::synthetic_trainer layout(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
                                            s.trainer_layout, dcr::sim::trainer_selection::none());
   const auto owners = owner_ids(layout);
-  if (uses_relay(s)) prepare_relay(s);
+  if (uses_relay(s)) {
+    try {
+      prepare_relay(s);
+    } catch (...) {  // a relay that cannot be set up leaves no work directory behind
+      std::error_code ec;
+      fs::remove_all(s.workdir, ec);
+      throw;
+    }
+  }
   const auto t0 = protocol_clock::now();
 
   std::vector<child> children;
