@@ -8,7 +8,8 @@
 //                                 connects to every root that is not connected (retrying an
 //                                 unreachable one until connect_timeout; a TLS refusal fails at
 //                                 once), announces the attempt and waits until every root
-//                                 answers that the required receivers are reachable
+//                                 answers that the required receivers are reachable (a root
+//                                 lost meanwhile fails the attempt at once)
 //   put(id, bytes)                streams the payload to root root_of(id) in chunks of at most
 //                                 chunk_bytes as the root's credit allows, booking every frame on
 //                                 that root's cross-cluster flow in 64 KiB pieces as it goes out;
@@ -110,6 +111,8 @@ class relay_owner_store {
     const auto frame = relay_wire::attempt_frame(key, receivers);
     for (std::size_t r = 0; r < roots_.size(); ++r) send(r, frame, lock);
     wait(lock, "the roots to answer that the receivers of " + relay_wire::describe(key) + " are reachable", [&] {
+      // A root lost after the announcement (it died as the frame went out) never answers.
+      for (const auto& r : roots_) throw_if_lost(r);
       return std::all_of(roots_.begin(), roots_.end(), [](const root_state& r) { return r.ready; });
     });
   }
