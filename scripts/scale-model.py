@@ -46,7 +46,7 @@ def topology_factor(case, trainer_nodes, rollout_nodes, receivers_per_node=1):
     raise ValueError(case)
 
 
-def parameters(row, common):
+def parameters(row):
     rep = row["report"]
     steps = rep["steps"][1:] or rep["steps"]
     s = steps[len(steps) // 2]
@@ -76,7 +76,7 @@ def main():
     fit = json.load(open(a.fit))
     model, residuals = {}, {}
     for row in fit["results"]:
-        prm = parameters(row, fit["common"])
+        prm = parameters(row)
         prm["transport"] = transport_seconds(prm, prm["checkpoint"], prm["link_rate"])
         model[(prm["case"], prm["rate"])] = prm
         residuals.setdefault(prm["case"], []).append(prm["latency"] - prm["transport"])

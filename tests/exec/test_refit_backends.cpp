@@ -12,9 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "dcr/exec/refit.hpp"
-#include "dcr/sim/deployment.hpp"
 #include "../error_capture.hpp"
+#include "../random_deployment.hpp"
 
 namespace {
 
@@ -23,59 +22,18 @@ using dcr::sim::engine_layout;
 using dcr::sim::in_process_deployment;
 using dcr::sim::trainer_layout;
 
-std::int64_t pick(dcr::sim::rng& g, std::int64_t lo, std::int64_t hi) {
-  return lo + static_cast<std::int64_t>(g.next() % static_cast<std::uint64_t>(hi - lo + 1));
-}
-
+/// random_deployment on the compiled apply path (the only one an apply backend takes).
 dcr::sim::deployment_options random_options(dcr::sim::rng& g, int seed) {
-  const dcr::dtype types[] = {dcr::dtype::bf16, dcr::dtype::f16, dcr::dtype::f32};
-  const dcr::sim::embedding_tie ties[] = {dcr::sim::embedding_tie::none,
-                                          dcr::sim::embedding_tie::omit_lm_head,
-                                          dcr::sim::embedding_tie::store_both};
-  dcr::sim::deployment_options o;
-  auto& c = o.model;
-  c.type = types[g.next() % 3];
-  c.hidden = pick(g, 8, 40);
-  c.kv_dim = pick(g, 1, 12);
-  c.kv_groups = pick(g, 1, 5);
-  c.dense_ffn = pick(g, 3, 40);
-  c.expert_ffn = pick(g, 1, 10);
-  c.experts = pick(g, 1, 7);
-  c.layers = pick(g, 2, 3);
-  c.vocab = pick(g, 3, 150);
-  c.tie_embeddings = ties[g.next() % 3];
-  o.trainer_tp = static_cast<int>(pick(g, 1, 5));
-  o.trainer_dp = static_cast<int>(pick(g, 1, 3));
-  o.receiver_tp = static_cast<int>(pick(g, 1, 5));
-  o.seed = static_cast<std::uint64_t>(seed);
-  o.trainer = g.next() % 3 == 0 ? trainer_layout::plain : trainer_layout::megatron;
-  o.engine = g.next() % 3 == 0 ? engine_layout::plain : engine_layout::serving;
+  auto o = dcr_test::random_deployment(g, seed);
   o.path = dcr::apply_path::compiled;
   return o;
 }
 
-/// Backends installed on every owner and receiver of a started deployment.
-struct backed {
-  std::vector<std::unique_ptr<ex::policy_detect_backend<ex::cpu_policy>>> detectors;
-  std::vector<std::unique_ptr<ex::policy_apply_backend<ex::cpu_policy>>> appliers;
-
-  backed(in_process_deployment& d, ex::cpu_policy policy) {
-    for (std::size_t k = 0; k < d.owner_count(); ++k) {
-      detectors.push_back(std::make_unique<ex::policy_detect_backend<ex::cpu_policy>>(policy, "test"));
-      d.owner_at(k).set_detect_backend(detectors.back().get());
-      CHECK(d.owner_at(k).detect_device() == "test");
-    }
-    for (std::size_t r = 0; r < d.receiver_count(); ++r) {
-      std::vector<ex::storage_region> regions;
-      for (auto b : d.storage_at(r).buffers()) regions.push_back({b.data(), b.size()});
-      appliers.push_back(std::make_unique<ex::policy_apply_backend<ex::cpu_policy>>(policy, regions, "test"));
-      appliers.back()->upload_storage();
-      d.receiver_at(r).set_apply_backend(appliers.back().get());
-      CHECK(d.receiver_at(r).apply_device() == "test");
-    }
-  }
-  void download() {
-    for (auto& a : appliers) a->download_storage();
+/// The CPU policy's backends under the device name "test" (checked to be what the agents report).
+struct backed : dcr_test::policy_backends<ex::cpu_policy> {
+  backed(in_process_deployment& d, ex::cpu_policy policy) : policy_backends(d, policy, "test") {
+    for (std::size_t k = 0; k < d.owner_count(); ++k) CHECK(d.owner_at(k).detect_device() == "test");
+    for (std::size_t r = 0; r < d.receiver_count(); ++r) CHECK(d.receiver_at(r).apply_device() == "test");
   }
 };
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dcr/sim/deployment.hpp"
+#include "../random_deployment.hpp"
 
 namespace {
 
@@ -25,30 +26,6 @@ using dcr::sim::trainer_layout;
 int seeds_from_env(int fallback) {
   const char* s = std::getenv("DCR_TEST_SEEDS");
   return s ? std::max(1, std::atoi(s)) : fallback;
-}
-
-std::int64_t pick(dcr::sim::rng& g, std::int64_t lo, std::int64_t hi) {
-  return lo + static_cast<std::int64_t>(g.next() % static_cast<std::uint64_t>(hi - lo + 1));
-}
-
-/// A small model with shapes that often do not divide by the TP degrees (uneven splits), a
-/// vocabulary that crosses the 64-row padding boundary on some ranks, and a random tie mode.
-dcr::sim::moe_config random_model(dcr::sim::rng& g) {
-  const dcr::dtype types[] = {dcr::dtype::bf16, dcr::dtype::f16, dcr::dtype::f32};
-  const embedding_tie ties[] = {embedding_tie::none, embedding_tie::omit_lm_head,
-                                embedding_tie::store_both};
-  dcr::sim::moe_config c;
-  c.type = types[g.next() % 3];
-  c.hidden = pick(g, 8, 40);
-  c.kv_dim = pick(g, 1, 12);
-  c.kv_groups = pick(g, 1, 5);
-  c.dense_ffn = pick(g, 3, 40);
-  c.expert_ffn = pick(g, 1, 10);
-  c.experts = pick(g, 1, 7);
-  c.layers = pick(g, 2, 3);
-  c.vocab = pick(g, 3, 150);
-  c.tie_embeddings = ties[g.next() % 3];
-  return c;
 }
 
 std::set<std::string> names_of(const dcr::tensor_registry& reg, std::span<const dcr::tensor_id> ids) {
@@ -150,10 +127,10 @@ TEST_CASE("delta refit equals dense refit over randomized trainer and engine lay
   for (int seed = 1; seed <= seeds; ++seed) {
     dcr::sim::rng g(static_cast<std::uint64_t>(seed) * 104729);
     dcr::sim::deployment_options o;
-    o.model = random_model(g);
-    o.trainer_tp = static_cast<int>(pick(g, 1, 8));
-    o.trainer_dp = static_cast<int>(pick(g, 1, 3));
-    o.receiver_tp = static_cast<int>(pick(g, 1, 8));
+    o.model = dcr_test::random_model(g);
+    o.trainer_tp = static_cast<int>(dcr_test::pick(g, 1, 8));
+    o.trainer_dp = static_cast<int>(dcr_test::pick(g, 1, 3));
+    o.receiver_tp = static_cast<int>(dcr_test::pick(g, 1, 8));
     o.seed = static_cast<std::uint64_t>(seed);
     o.trainer = g.next() % 4 == 0 ? trainer_layout::plain : trainer_layout::megatron;
     switch (g.next() % 4) {

@@ -74,7 +74,7 @@ reference_result run_reference(const simulate_settings& s, std::uint64_t version
                          std::span(share).subspan(at, static_cast<std::size_t>(t.bytes())));
     }
   });
-  const int code = with_reference_store(s, [&](auto& store) {
+  with_reference_store(s, [&](auto& store) {
     using store_type = std::remove_reference_t<decltype(store)>;
     const auto t0 = std::chrono::steady_clock::now();
     // Uploads: each trainer node its share, in objects of at most object_bytes.
@@ -121,9 +121,7 @@ reference_result run_reference(const simulate_settings& s, std::uint64_t version
     out.download_seconds = seconds_between(t1, t2);
     out.seconds = seconds_between(t0, t2);
     store.erase_through(0);
-    return 0;
   });
-  (void)code;
   std::uint64_t busiest_up = 0, busiest_down = 0;
   for (const auto& [name, bytes] : flow_bytes_since(flows0)) {
     out.bytes_crossing += bytes;

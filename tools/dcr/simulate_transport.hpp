@@ -338,7 +338,7 @@ int with_receiver_source(const simulate_settings& s, F&& f) {
 /// The object storage of the full-checkpoint reference (simulate_reference.hpp): the transport's
 /// store where it is object storage, else a filesystem store; in a place of its own.
 template <class F>
-int with_reference_store(const simulate_settings& s, F&& f) {
+auto with_reference_store(const simulate_settings& s, F&& f) {
   if (uses_s3(s)) {  // the run's prefix, under reference/ (never a t*-* transition of the refits)
     auto o = s3_options_of(s);
     o.prefix += "reference/";
