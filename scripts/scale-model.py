@@ -98,7 +98,7 @@ def main():
                 prm = model.get((row["case"], row["rate"]))
                 if prm is None:
                     continue
-                got = parameters(row, None)
+                got = parameters(row)
                 lat = prm["t_fixed"] + transport_seconds(prm, got["checkpoint"], got["link_rate"])
                 print(f"| {path.split('/')[-1]} | {row['case']} | {100 * row['rate']:.0f}% | {got['checkpoint'] / 1e6:.0f} | "
                       f"{got['link_rate'] / 1e6:.0f} | {lat:.3f} | {got['latency']:.3f} | {100 * (lat / got['latency'] - 1):+.0f}% |")
