@@ -197,8 +197,10 @@ class receiver_agent {
     return std::find(acked_.begin(), acked_.end(), key) != acked_.end();
   }
 
-  // Applies one delivery; a validation failure gets one fresh copy. Stale payloads (another
-  // attempt's) are refused and counted, never applied.
+  // Applies one delivery; a validation failure gets one fresh copy (a failure after the writes
+  // began is not retried: the receiver refuses the rest of the attempt, see
+  // receiver_endpoint::apply_payload). Stale payloads (another attempt's) are refused and
+  // counted, never applied.
   void apply_one(delivery& d) {
     const double a0 = unix_seconds_now();
     struct span_guard {

@@ -14,7 +14,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "dcr/apply/apply.hpp"
@@ -56,7 +59,11 @@ class receiver_endpoint {
   /// transition changes.
   virtual void begin_attempt(const attempt_key& key) = 0;
   /// Validates, deduplicates and applies one payload. Throws dcr::error (stale_payload,
-  /// corrupt_payload, ...) with storage unchanged.
+  /// corrupt_payload, ...) with storage unchanged, except where the writes had begun (a failed
+  /// post-apply check, verification_failed, or a backend failing mid-write): storage may then
+  /// hold part of the payload, which a second apply would not undo (xor records applied twice
+  /// restore the old bits), so every later payload of the same attempt is refused with that
+  /// error too, and only the next attempt (begin_attempt) is accepted again.
   virtual apply_outcome apply_payload(std::span<const std::byte> bytes) = 0;
   /// The transition committed at version `version`.
   virtual void end_transition(std::uint64_t version) = 0;
@@ -117,6 +124,7 @@ class receiver final : public receiver_endpoint {
       stats_.attempt_payloads = 0;
       stats_.attempt_payload_digest = 0;
     }
+    if (!has_attempt_ || key != current_) written_failure_.reset();  // the same attempt again keeps it
     current_ = key;
     has_attempt_ = true;
   }
@@ -128,6 +136,7 @@ class receiver final : public receiver_endpoint {
   /// apply_payload with explicit options for this payload (path, post-apply checks).
   apply_outcome apply_payload(std::span<const std::byte> bytes, const apply_options& options) {
     DCR_EXPECTS(has_attempt_, errc::not_ready, "receiver: payload before begin_attempt");
+    if (written_failure_) throw error(written_failure_->first, written_failure_->second);
     const auto t0 = clock::now();
     // Validate everything (checksum included) before trusting the id: a header damaged into a
     // seen id must be reported as corrupt, not silently dropped as a duplicate.
@@ -139,7 +148,18 @@ class receiver final : public receiver_endpoint {
       return apply_outcome::duplicate;
     }
     const auto t1 = clock::now();
-    const apply_stats s = applier_.apply(items_, options);
+    apply_stats s;
+    try {
+      s = applier_.apply(items_, options);
+    } catch (const error& e) {
+      if (!refused_before_writes(e.dcr_code()))
+        written_failure_.emplace(e.dcr_code(), "receiver: attempt " + std::to_string(current_.base_version) + "-" +
+                                                   std::to_string(current_.target_version) + "-" +
+                                                   std::to_string(current_.attempt) +
+                                                   " is refused from here on: a payload of it failed after "
+                                                   "its writes had begun (" + std::string(e.what()) + ")");
+      throw;
+    }
     ledger_.mark(header.id);
     const auto t2 = clock::now();
     ++stats_.payloads_applied;
@@ -177,7 +197,26 @@ class receiver final : public receiver_endpoint {
   payload_decoder decoder_;
   payload_ledger ledger_;
   std::vector<item> items_;
+  /// The errors item_applier::apply raises before its first write (its contract).
+  static bool refused_before_writes(errc code) {
+    switch (code) {
+      case errc::not_ready:
+      case errc::unknown_tensor:
+      case errc::dtype_mismatch:
+      case errc::invalid_argument:
+      case errc::out_of_range:
+      case errc::unsupported_version:
+      case errc::unsupported_loader_path:
+        return true;
+      default:
+        return false;
+    }
+  }
+
   attempt_key current_{};
+  /// Set when a payload of the current attempt failed after its writes began (see
+  /// receiver_endpoint::apply_payload): the error every later payload of the attempt gets.
+  std::optional<std::pair<errc, std::string>> written_failure_;
   bool has_attempt_ = false;
   std::uint64_t committed_version_ = 0;
   receiver_stats stats_;
