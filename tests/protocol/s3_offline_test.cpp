@@ -321,6 +321,29 @@ TEST_CASE("prefetch_source: a listed payload that is absent is asked for again; 
   CHECK(what.find("HTTP 403 AccessDenied") != std::string::npos);
 }
 
+TEST_CASE("store_source: a listed payload that stays absent is asked for once per poll, until the deadline") {
+  // An eventually consistent store that lists a payload it never returns: next() must wait
+  // between gets and give up at its deadline (it used to re-list and get in a busy loop,
+  // never reaching the deadline check).
+  counting_store store;
+  const auto ids = fill(store, {1}, 2);
+  store.hide(ids[1]);
+  dcr::store_source<counting_store> src(store, 20ms);
+  src.open(dcr::attempt_key{1, 2, 0}, std::vector<std::uint32_t>{1});
+  dcr::delivery d;
+  REQUIRE(src.next(d, dcr::protocol_clock::now() + 2s) == dcr::source_status::delivered);
+  CHECK(d.id == ids[0]);
+  const auto t0 = dcr::protocol_clock::now();
+  CHECK(src.next(d, t0 + 200ms) == dcr::source_status::timed_out);
+  CHECK(dcr::protocol_clock::now() - t0 < 2s);
+  CHECK(store.gets_of(ids[1]) >= 2);
+  CHECK(store.gets_of(ids[1]) <= 15);  // about one per 20 ms poll, not thousands
+  store.reveal(ids[1]);
+  REQUIRE(src.next(d, dcr::protocol_clock::now() + 2s) == dcr::source_status::delivered);
+  CHECK(d.id == ids[1]);
+  CHECK(src.next(d, dcr::protocol_clock::now() + 2s) == dcr::source_status::complete);
+}
+
 TEST_CASE("directory_claims: one holder at a time, released on destruction") {
   temp_dir dir;
   dcr::directory_claims claims(dir.path / "claims");

@@ -113,7 +113,9 @@ class store_source {
         missing_.push_back(id);  // listed but not gettable yet (an eventually consistent store)
       }
       if (refill()) continue;
-      if (complete_ && missing_.empty()) return source_status::complete;
+      // Nothing new listed; listed payloads that were absent are asked for again after the
+      // poll interval (pending_ holds them), not at once.
+      if (complete_ && pending_.empty()) return source_status::complete;
       if (protocol_clock::now() >= deadline) return source_status::timed_out;
       std::this_thread::sleep_for(poll_);
       ++polls_;
@@ -130,13 +132,18 @@ class store_source {
   [[nodiscard]] std::uint64_t gets() const noexcept { return gets_; }
 
  private:
-  // Lists the attempt; queues ids not delivered yet. Returns whether anything was queued.
+  // Lists the attempt; queues ids not delivered yet. Returns whether an id was queued that
+  // was not absent at its last get (one that was waits for the next poll).
   bool refill() {
+    const std::set<payload_id> absent(missing_.begin(), missing_.end());
+    bool fresh = false;
     complete_ = detail::for_each_listed(store_->list(key_), owners_, [&](const payload_id& id) {
-      if (!delivered_.contains(id)) pending_.push_back(id);
+      if (delivered_.contains(id)) return;
+      pending_.push_back(id);
+      fresh = fresh || !absent.contains(id);
     });
     missing_.clear();
-    return !pending_.empty();
+    return fresh;
   }
 
   Store* store_;
