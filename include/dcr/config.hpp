@@ -29,9 +29,4 @@
 #endif
 #endif
 
-namespace dcr {
-/// Library version, also written into generated pkg-config metadata.
-inline constexpr int version_major = 0;
-inline constexpr int version_minor = 1;
-inline constexpr int version_patch = 0;
-}  // namespace dcr
+#include "dcr/version.hpp"

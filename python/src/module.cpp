@@ -6,10 +6,7 @@
 #include <string>
 
 #include "common.hpp"
-
-#ifndef DCR_VERSION
-#error "DCR_VERSION must be defined by the build (python/dcr/meson.build)"
-#endif
+#include "dcr/version.hpp"
 
 namespace dcr_py {
 namespace {
@@ -58,7 +55,7 @@ void raise_dcr_error(const dcr::error& e) {
 NB_MODULE(_dcr, m) {
   using namespace dcr_py;
   m.doc() = "dcr: bit-exact delta-compressed refit (the C++ library's bindings; use `import dcr`)";
-  m.attr("__version__") = DCR_VERSION;
+  m.attr("__version__") = DCR_VERSION_STRING;
 
   // dcr.Error and one subclass per dcr::errc (the codes are the C++ ones, stable).
   error_base = PyErr_NewExceptionWithDoc(

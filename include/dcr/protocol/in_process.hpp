@@ -67,7 +67,8 @@ struct transition_report {
 };
 
 /// A payload source behind a virtual interface, so the driver can hand receivers decorated
-/// sources (dcr/testing/faults.hpp) without knowing their types.
+/// sources (the fault injection of tests/support/dcr/testing/faults.hpp) without knowing their
+/// types.
 class payload_source_base {
  public:
   virtual ~payload_source_base() = default;

@@ -31,6 +31,12 @@
 #if !defined(__CUDACC__)
 #error "dcr/kernels/exec.cuh is CUDA code: compile it with nvcc"
 #endif
+// The device functors call constexpr standard functions (std::bit_width, std::array's
+// operator[]) that nvcc treats as host-only without this flag.
+#if !defined(__CUDACC_RELAXED_CONSTEXPR__)
+// (`pkg-config --cflags dcr-kernels` and CMake's dcr::kernels carry it.)
+#error "dcr/kernels/exec.cuh needs nvcc --expt-relaxed-constexpr"
+#endif
 
 #include <cuda_runtime_api.h>
 
