@@ -218,38 +218,56 @@ int main() {
   {  // The agents (their leases are revoked when they go, before the directory is removed).
     dcr::coordinator_options co;
     co.min_receivers = 1;
-    dcr::coordinator<plane_t, store_t> coordinator(coordinator_plane, store, registry.fingerprint(), {0, 1}, co);
+    dcr::coordinator<plane_t, store_t> coordinator(coordinator_plane, store, registry.fingerprint(),
+                                                   {0, 1}, co);
     coordinator.initialize(0, deadline);
     std::vector<std::unique_ptr<dcr::owner_agent<plane_t, store_t>>> owner_agents;
     for (int r = 0; r < 2; ++r) {
-      owner_agents.push_back(
-          std::make_unique<dcr::owner_agent<plane_t, store_t>>(*owners[r], registry, owner_planes[r], store));
+      owner_agents.push_back(std::make_unique<dcr::owner_agent<plane_t, store_t>>(
+          *owners[r], registry, owner_planes[r], store));
       owner_agents.back()->start(0, deadline);
-  }
-  dcr::store_source<store_t> source(store);
-  dcr::receiver_agent<plane_t, dcr::store_source<store_t>> receiver_agent(
-      "rank-0", rx, registry.fingerprint(), receiver_plane, source);
-  receiver_agent.start(0, /*restored=*/true, deadline);
+    }
+    dcr::store_source<store_t> source(store);
+    dcr::receiver_agent<plane_t, dcr::store_source<store_t>> receiver_agent(
+        "rank-0", rx, registry.fingerprint(), receiver_plane, source);
+    receiver_agent.start(0, /*restored=*/true, deadline);
 
-  // One optimizer step, then the transition 0 -> 1.
-  shards[0][2] ^= 0x0001;
-  shards[1][7] ^= 0x8000;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      const std::span<const std::byte> candidates[] = {std::as_bytes(std::span(shards[r]))};
-      owner_agents[r]->serve_transition("step 1", candidates, {}, deadline);
+    // One optimizer step, then the transition 0 -> 1. Each agent reports a failure as a
+    // dcr::error (e.g. the deadline passing).
+    shards[0][2] ^= 0x0001;
+    shards[1][7] ^= 0x8000;
+    auto report = [](const char* who, const dcr::error& e) { std::printf("%s: %s\n", who, e.what()); };
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        const std::span<const std::byte> candidates[] = {std::as_bytes(std::span(shards[r]))};
+        try {
+          owner_agents[r]->serve_transition("step 1", candidates, {}, deadline);
+        } catch (const dcr::error& e) {
+          report("owner agent", e);
+        }
+      });
+    threads.emplace_back([&] {
+      try {
+        receiver_agent.serve_until(1, deadline);
+      } catch (const dcr::error& e) {
+        report("receiver agent", e);
+      }
     });
-  threads.emplace_back([&] { receiver_agent.serve_until(1, deadline); });
-  const auto summary = coordinator.run_transition("step 1", deadline);
-  for (auto& t : threads) t.join();
+    dcr::transition_summary summary;
+    try {
+      summary = coordinator.run_transition("step 1", deadline);
+    } catch (const dcr::error& e) {
+      report("coordinator", e);
+    }
+    for (auto& t : threads) t.join();
 
-  const bool exact = storage == canonical();
-  std::printf("committed: %s in %zu attempt(s); receiver %s; %zu object(s) left in the service\n",
-              summary.committed ? "yes" : "no", summary.attempts.size(),
-              exact ? "bit-identical to the new weights" : "DIFFERS from the new weights",
-              service.size());
-  ok = summary.committed && exact && service.size() == 0;
+    const bool exact = storage == canonical();
+    std::printf("committed: %s in %zu attempt(s); receiver %s; %zu object(s) left in the service\n",
+                summary.committed ? "yes" : "no", summary.attempts.size(),
+                exact ? "bit-identical to the new weights" : "DIFFERS from the new weights",
+                service.size());
+    ok = summary.committed && exact && service.size() == 0;
   }
   std::filesystem::remove_all(dir);
   return ok ? 0 : 1;
