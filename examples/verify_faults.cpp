@@ -10,13 +10,16 @@
 // 2. Tied storage: an engine that stores lm_head in the embedding's storage. When the
 //    checkpoint ties the two (bit-equal), that is a real tie: both tensors become
 //    overwrite-only and a refit is exact. When it does not (a loader tying what the model
-//    keeps apart), post-apply checks (`apply_options::verify`) refuse a payload whose two
-//    tensors write different bits into one element.
+//    keeps apart), a startup check of the placement report flags it, and post-apply checks
+//    (`apply_options::verify`) refuse a payload whose two tensors write different bits into one
+//    element. (They cannot see a step that changes only one of the two: the storage then holds
+//    that tensor's bits, which a dense load would not. Check the ties at startup.)
 //
 // Exits non-zero if any of these does not hold.
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
+#include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -123,6 +126,20 @@ dcr::errc code_of(F&& f, std::string* message = nullptr) {
   return dcr::errc::ok;
 }
 
+// The tensors this rank's placement ties to another tensor's storage although the model does
+// not declare them tied (`declared`: e.g. both embedding names when the config says
+// tie_word_embeddings). An engine checks this once after prewarm and refuses to serve a
+// non-empty answer: a tie is exact only when the checkpoint keeps the two tensors bit-equal.
+std::vector<std::string> undeclared_ties(std::span<const dcr::tensor_placement> report,
+                                         std::span<const std::string> declared) {
+  std::vector<std::string> out;
+  for (const auto& t : report)
+    if (t.reason.find("(tied)") != std::string::npos &&
+        std::find(declared.begin(), declared.end(), t.name) == declared.end())
+      out.emplace_back(t.name);
+  return out;
+}
+
 bool check(bool ok, const char* what) {
   std::printf("%s: %s\n", ok ? "ok  " : "FAIL", what);
   return ok;
@@ -180,6 +197,8 @@ int main() {
     std::printf("      lm_head.weight: overwrite_only=%d (%s)\n", lm.overwrite_only, lm.reason.c_str());
     ok &= check(lm.overwrite_only && report[registry.id("model.embed_tokens.weight")].overwrite_only,
                 "tied tensors are overwrite-only on this rank");
+    const std::string tied[] = {"model.embed_tokens.weight", "lm_head.weight"};
+    ok &= check(undeclared_ties(report, tied).empty(), "every tie is one the model declares");
     train.owner.set_overwrite_only(rank.rx.overwrite_only_tensors());  // the coordinator does this
 
     for (const char* name : {"model.embed_tokens.weight", "lm_head.weight"})  // one update, both
@@ -205,6 +224,10 @@ int main() {
       std::printf("      %s\n", refused.c_str());
     } else {
       serving_rank rank(train, /*tie=*/true);
+      // The model does not declare the tie: the startup check above flags both tensors...
+      ok &= check(undeclared_ties(rank.rx.placement_report(), {}).size() == 2,
+                  "the startup check flags the tie the model does not declare");
+      // ...and an engine that serves anyway relies on post-apply checks:
       train.owner.set_overwrite_only(rank.rx.overwrite_only_tensors());
       // An optimizer step moves both tensors at element 6, to different bits.
       train.shard("model.embed_tokens.weight")[6] = dcr::float_to_bf16(0.5f);
