@@ -156,6 +156,17 @@ case "$scenario" in
     expect_in inspect.txt "model.norm.weight"
     expect_status 1 "$dcr" inspect ckpt/step.dcrdelta "$new"
     expect_in err.txt "wrong base"
+    # The target header decodes by hand as docs/tool.md shows: zstd with the base's header
+    # content as its dictionary gives NEW's header bytes.
+    python3 -c 'import sys, struct; b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]; sys.stdout.buffer.write(b[8:8 + n].rstrip(b" "))' \
+      "$old" >base.json
+    size=$(od -An -tu8 -j64 -N8 ckpt/step.dcrdelta | tr -d " ")
+    dd if=ckpt/step.dcrdelta of=target.zst bs=1 skip=136 count=$size status=none
+    zstd -q -d -D base.json target.zst -o target.json
+    python3 -c 'import sys, struct; b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]; sys.exit(open(sys.argv[2], "rb").read() != b[8:8 + n])' \
+      "$new" target.json || fail "the target header does not decode by hand as documented"
     ;;
   usage)
     "$dcr" diff "$old" "$new" -o ckpt/step.dcrdelta

@@ -45,6 +45,7 @@
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/detail/varint.hpp"
+#include "dcr/detail/zstd.hpp"
 #include "dcr/dtype.hpp"
 #include "dcr/error.hpp"
 #include "dcr/io/file.hpp"
@@ -145,8 +146,10 @@ inline constexpr std::array<char, 8> journal_magic = {'D', 'C', 'R', 'J', 'O', '
 inline constexpr std::uint16_t version = 2;
 inline constexpr std::size_t header_size = 136;
 inline constexpr std::size_t trailer_size = 16;
-/// zstd level of the target header's frame (the reader does not depend on it).
-inline constexpr int target_header_level = 19;
+/// zstd level of the target header's frame (the reader does not depend on it). A header close
+/// to its base's codes to one long match at any level; a low one keeps coding a large header
+/// (thousands of tensors, megabytes of JSON, as large a dictionary) in milliseconds.
+inline constexpr int target_header_level = 3;
 /// Payload ids: delta and redo payloads are transition 0 -> 1, undo payloads 1 -> 0, attempt
 /// 0, owner 0, sequence = position among payloads of their direction.
 inline constexpr attempt_key forward{0, 1, 0};
@@ -401,6 +404,12 @@ class delta_file {
                 errc::corrupt_payload,
                 w + ": the target header's zstd frame does not record its " +
                     std::to_string(target_size_) + "-byte size");
+    // No byte of a zstd frame decodes to more than zstd_max_expansion bytes: a frame claiming
+    // more is refused before bind_base allocates the header.
+    DCR_EXPECTS(target_size_ / dcr::detail::zstd_max_expansion <= code.size(),
+                errc::corrupt_payload,
+                w + ": a " + std::to_string(code.size()) + "-byte zstd frame cannot hold the " +
+                    std::to_string(target_size_) + "-byte target header it claims");
 
     base_json_ = std::string_view(reinterpret_cast<const char*>(p + base_at), base_size);
     if (kind == container_kind::journal) {
