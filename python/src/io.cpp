@@ -74,23 +74,15 @@ void bind_io(nb::module_& m) {
           j["format_version"] = dcr::io::delta_format::version;
           j["bytes"] = file.bytes().size();
           char fp[17];
-          std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(file.registry().fingerprint()));
+          std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(file.registry_fingerprint()));
           j["registry_fingerprint"] = std::string(fp);
           j["tensor_bytes"] = file.tensor_bytes();
-          nb::list tensors;
-          for (dcr::tensor_id id = 0; id < file.tensors().size(); ++id) {
-            const auto& e = file.tensors()[id];
-            nb::dict t;
-            t["id"] = id;
-            t["name"] = e.tensor.name;
-            t["dtype"] = std::string(dcr::dtype_name(e.tensor.type));
-            t["shape"] = nb::cast(e.tensor.shape);
-            t["base_digest"] = e.base_digest.hex();
-            t["result_digest"] = e.result_digest.hex();
-            t["changed"] = e.base_digest != e.result_digest;
-            tensors.append(t);
-          }
-          j["tensors"] = tensors;
+          j["tensor_count"] = file.tensor_count();
+          j["target_file_bytes"] = file.target_file_size();
+          j["base_digest"] = file.base_digest().hex();
+          j["result_digest"] = file.result_digest().hex();
+          j["base_header_digest"] = file.base_header_digest().hex();
+          j["target_header_digest"] = file.target_header_digest().hex();
           nb::list payloads;
           std::vector<dcr::item_entry> entries;
           for (std::size_t i = 0; i < file.payload_count(); ++i) {
@@ -104,7 +96,7 @@ void bind_io(nb::module_& m) {
             nb::list items;
             for (const auto& e : entries) {
               nb::dict it;
-              it["tensor"] = e.tensor < file.tensors().size() ? file.tensors()[e.tensor].tensor.name : "?";
+              it["tensor_id"] = e.tensor;
               it["encoding"] = e.encoding_code < 3 ? encoding_names[e.encoding_code] : "unknown";
               it["records"] = e.count;
               it["location_bytes"] = e.location_size;

@@ -168,7 +168,9 @@ TEST_CASE("diff then apply reproduces NEW byte for byte under every encoding pol
       CHECK(r.checkpoint_bytes == new_bytes.size());
       if (per_payload == 50) {
         // Small payloads split the big tensor's records across payloads, one item in each.
-        const auto d = delta_file::open(fx.delta_path);
+        auto d = delta_file::open(fx.delta_path);
+        const auto old_file = safetensors_file::open(fx.old_path);
+        d.bind_base(old_file.header(), old_file.header_json(), "OLD");
         CHECK(d.payload_count() == r.payloads);
         const auto big = d.registry().id("layers.0.attn.weight");
         std::size_t with_big = 0;
@@ -199,22 +201,37 @@ TEST_CASE("diff then apply reproduces NEW byte for byte under every encoding pol
         std::vector<std::string>{"new.safetensors", "old.safetensors", "step.dcrdelta"});
 }
 
-TEST_CASE("the delta file records manifest, digests and the target header") {
+TEST_CASE("the delta file records digests, and its target header coded against the base's") {
   fixture fx;
   (void)diff_checkpoints(fx.old_path, fx.new_path, fx.delta_path);
-  const auto d = delta_file::open(fx.delta_path);
+  auto d = delta_file::open(fx.delta_path);
   const auto old_file = safetensors_file::open(fx.old_path);
   const auto new_file = safetensors_file::open(fx.new_path);
+  // Unbound, it knows its base only by digests and fingerprint.
+  CHECK_FALSE(d.bound());
+  CHECK(thrown_error([&] { (void)d.registry(); }).dcr_code() == errc::not_ready);
+  CHECK(thrown_error([&] { (void)d.target_header_json(); }).dcr_code() == errc::not_ready);
+  const dcr::tensor_registry registry(old_file.header().canonical_tensors());
+  CHECK(d.registry_fingerprint() == registry.fingerprint());
+  CHECK(d.tensor_count() == specs.size());
+  CHECK(d.target_header_size() == new_file.header_json().size());
+  CHECK(d.target_file_size() == new_file.bytes().size());
+  CHECK(d.base_header_digest() == header_content_digest(old_file.header_json()));
+  CHECK(d.target_header_digest() == header_content_digest(new_file.header_json()));
+  std::vector<digest128> old_digests, new_digests;
+  for (const auto& t : registry.tensors()) {
+    old_digests.push_back(digest_of(old_file.data(*old_file.find(t.name))));
+    new_digests.push_back(digest_of(new_file.data(*new_file.find(t.name))));
+  }
+  CHECK(d.base_digest() == tensors_digest(old_digests));
+  CHECK(d.result_digest() == tensors_digest(new_digests));
+  // Bound to its base, it gives the registry and the target header verbatim.
+  d.bind_base(old_file.header(), old_file.header_json(), "OLD");
   CHECK(d.target_header_json() == new_file.header_json());
   CHECK(d.target_header().metadata()->at("step") == "0002");
-  REQUIRE(d.tensors().size() == specs.size());
-  for (const auto& m : d.tensors()) {
-    CHECK(m.base_digest == digest_of(old_file.data(*old_file.find(m.tensor.name))));
-    CHECK(m.result_digest == digest_of(new_file.data(*new_file.find(m.tensor.name))));
-    CHECK(m.tensor.shape == new_file.find(m.tensor.name)->shape);
-  }
-  CHECK(d.registry().fingerprint() == dcr::tensor_registry(old_file.header().canonical_tensors())
-                                          .fingerprint());
+  CHECK(d.registry().fingerprint() == registry.fingerprint());
+  // The headers differ only in metadata: the coded target header is a few dozen bytes.
+  CHECK(d.target_header_code().size() < 64);
   // Digests are XXH3-128 in canonical form: the empty input's is a published constant.
   CHECK(digest_of({}).hex() == "99aa06d3014798d86001c324468d497f");
 }
@@ -255,7 +272,7 @@ TEST_CASE("checkpoints with other tensors are refused, listing the differences")
   CHECK_FALSE(std::filesystem::exists(fx.delta_path));
 }
 
-TEST_CASE("a wrong base is refused, naming the first differing tensor, and nothing is created") {
+TEST_CASE("a wrong base is refused, and nothing is created") {
   fixture fx;
   (void)diff_checkpoints(fx.old_path, fx.new_path, fx.delta_path);
   auto wrong = fx.old_ckpt;
@@ -265,7 +282,8 @@ TEST_CASE("a wrong base is refused, naming the first differing tensor, and nothi
   const auto out = fx.dir / "out.safetensors";
   const auto e = thrown_error([&] { (void)apply_delta(fx.delta_path, fx.dir / "wrong.safetensors", out); });
   CHECK(e.dcr_code() == errc::verification_failed);
-  CHECK(std::string(e.what()).find("tensor 'norm.bias'") != std::string::npos);
+  CHECK(std::string(e.what()).find("wrong base: BASE '") != std::string::npos);
+  CHECK(std::string(e.what()).find("its tensors have digest") != std::string::npos);
   CHECK(fx.dir.files() == files);
   // The result itself is not a base either, and in place the base is left untouched.
   CHECK(thrown_error([&] { (void)apply_delta(fx.delta_path, fx.new_path, out); }).dcr_code() ==
@@ -298,15 +316,23 @@ TEST_CASE("a corrupted delta is rejected before anything is written") {
     CHECK_MESSAGE(std::string(e.what()).find(text) != std::string::npos, e.what());
     CHECK_FALSE(std::filesystem::exists(out));
   };
-  // Header, manifest, target header, payloads, trailer: every region is covered.
+  // Header, target header, payloads, trailer: every region is covered.
   auto b = good;
   b[0] = std::byte{'X'};
   rejects(b, errc::corrupt_payload, "not a dcr delta file");
   b = good;
-  b[8] = std::byte{2};
-  rejects(b, errc::unsupported_version, "format version 2");
+  b[8] = std::byte{1};
+  rejects(b, errc::unsupported_version,
+          "format version 1 (written by an older dcr; make the delta again with this dcr), "
+          "this dcr reads version 2 only");
   b = good;
-  b[70] ^= std::byte{1};
+  b[8] = std::byte{3};
+  rejects(b, errc::unsupported_version, "format version 3 (written by a newer dcr)");
+  b = good;
+  b[80] ^= std::byte{1};  // the base header's digest
+  rejects(b, errc::corrupt_payload, "checksum of the header");
+  b = good;
+  b[delta_format::header_size + 5] ^= std::byte{1};  // the coded target header
   rejects(b, errc::corrupt_payload, "checksum of the header");
   b = good;
   b[d.payload_offset(1) + 100] ^= std::byte{1};
@@ -487,4 +513,162 @@ TEST_CASE("in place refuses links; outputs never replace their own inputs") {
   CHECK(thrown_error([&] { (void)apply_delta(fx.delta_path, fx.old_path, fx.delta_path); })
             .dcr_code() == errc::invalid_argument);
   CHECK(read_file(fx.old_path) == read_file(base));
+}
+
+namespace {
+
+// A checkpoint of `n` tensors of 64 BF16 elements with names like a transformer's.
+std::vector<std::vector<std::byte>> many_tensors(std::size_t n, std::vector<safetensors_tensor>& t) {
+  std::vector<std::vector<std::byte>> data;
+  for (std::size_t i = 0; i < n; ++i) data.push_back(io_test::random_bytes(128, 100 + i));
+  for (std::size_t i = 0; i < n; ++i)
+    t.push_back({"model.layers." + std::to_string(i / 8) + ".mlp.weight_" + std::to_string(i % 8),
+                 dtype::bf16, {8, 8}, data[i]});
+  return data;
+}
+
+}  // namespace
+
+TEST_CASE("a delta between identical files is at most 1 KB, whatever the tensor count") {
+  for (std::size_t n : {10, 103, 1000}) {
+    CAPTURE(n);
+    io_test::scratch_dir dir;
+    std::vector<safetensors_tensor> t;
+    const auto data = many_tensors(n, t);
+    const safetensors_metadata meta{{"format", "pt"}};
+    write_safetensors(dir / "a.safetensors", t, meta);
+    write_safetensors(dir / "b.safetensors", t, meta);
+    const auto r = diff_checkpoints(dir / "a.safetensors", dir / "b.safetensors", dir / "d");
+    CHECK(r.delta_bytes <= 1024);
+    MESSAGE(n << " tensors: identical files give a delta of " << r.delta_bytes << " bytes");
+    (void)apply_delta(dir / "d", dir / "a.safetensors", dir / "out.safetensors");
+    CHECK(read_file(dir / "out.safetensors") == read_file(dir / "b.safetensors"));
+  }
+}
+
+TEST_CASE("a base with the right tensors but another header is refused, saying why") {
+  fixture fx;
+  (void)diff_checkpoints(fx.old_path, fx.new_path, fx.delta_path);
+  // The same tensors and bytes, written in another order: other offsets, another header.
+  const auto resaved = fx.dir / "resaved.safetensors";
+  std::vector<std::size_t> order(specs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+  fx.old_ckpt.write(resaved, order);
+  for (bool in_place : {false, true}) {
+    const auto e = thrown_error([&] {
+      if (in_place)
+        (void)apply_delta_in_place(fx.delta_path, resaved);
+      else
+        (void)apply_delta(fx.delta_path, resaved, fx.dir / "out.safetensors");
+    });
+    CHECK(e.dcr_code() == errc::verification_failed);
+    CHECK(std::string(e.what()).find("wrong base: BASE '") != std::string::npos);
+    CHECK(std::string(e.what()).find("its JSON header has digest") != std::string::npos);
+    CHECK(std::string(e.what()).find("another tensor order, offsets or metadata") !=
+          std::string::npos);
+  }
+  // Other tensors: the registry differs.
+  auto other = fx.old_ckpt;
+  std::vector<safetensors_tensor> t;
+  for (std::size_t i = 0; i + 1 < specs.size(); ++i)
+    t.push_back({specs[i].name, specs[i].type, specs[i].shape, other.data[i]});
+  write_safetensors(fx.dir / "fewer.safetensors", t);
+  const auto e = thrown_error(
+      [&] { (void)apply_delta(fx.delta_path, fx.dir / "fewer.safetensors", fx.dir / "o"); });
+  CHECK(e.dcr_code() == errc::registry_mismatch);
+  CHECK(std::string(e.what()).find("holds other tensors than the base of") != std::string::npos);
+  CHECK(fx.dir.files() == std::vector<std::string>{"fewer.safetensors", "new.safetensors",
+                                                   "old.safetensors", "resaved.safetensors",
+                                                   "step.dcrdelta"});
+}
+
+TEST_CASE("in place: a base whose header was padded by an earlier in-place apply takes the next delta") {
+  // step 1 shortens the header (padded in place to the base's length); step 2 is made from the
+  // file step 1 produced with -o: its base header has the same content, less padding.
+  fixture fx;
+  fx.new_ckpt.metadata = safetensors_metadata{{"format", "pt"}};
+  fx.new_ckpt.write(fx.new_path);
+  (void)diff_checkpoints(fx.old_path, fx.new_path, fx.delta_path);
+  const auto base = fx.dir / "base.safetensors";
+  std::filesystem::copy_file(fx.old_path, base);
+  (void)apply_delta_in_place(fx.delta_path, base);
+  REQUIRE(read_file(base) != read_file(fx.new_path));  // same tensors, padded header
+  auto next = fx.new_ckpt;
+  std::uint64_t changed_tensors = 0;
+  (void)mutate(next, 0.01, 12, changed_tensors);
+  next.write(fx.dir / "next.safetensors");
+  (void)diff_checkpoints(fx.new_path, fx.dir / "next.safetensors", fx.dir / "step2.dcrdelta");
+  (void)apply_delta(fx.dir / "step2.dcrdelta", base, fx.dir / "out.safetensors");
+  CHECK(read_file(fx.dir / "out.safetensors") == read_file(fx.dir / "next.safetensors"));
+  (void)apply_delta_in_place(fx.dir / "step2.dcrdelta", base);
+  const auto got = safetensors_file::open(base);
+  const auto want = safetensors_file::open(fx.dir / "next.safetensors");
+  for (const auto& w : want.tensors()) {
+    const auto a = got.data(*got.find(w.name));
+    const auto b = want.data(w);
+    CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+  }
+  CHECK(got.header().header_size() == safetensors_file::open(fx.old_path).header().header_size());
+}
+
+TEST_CASE("a delta listing an element twice, in two payloads, is refused the same way on every path") {
+  fixture fx;
+  (void)diff_checkpoints(fx.old_path, fx.new_path, fx.delta_path);
+  auto d = delta_file::open(fx.delta_path);
+  const auto old_file = safetensors_file::open(fx.old_path);
+  d.bind_base(old_file.header(), old_file.header_json(), "OLD");
+  REQUIRE(d.payload_count() == 1);
+  // A second payload repeating the first item's first record, as an overwrite with its new bits:
+  // applying it again changes nothing, so only the rule "each element once" can refuse it.
+  std::vector<dcr::item> items;
+  dcr::payload_decoder decoder;
+  (void)decoder.decode(d.payload(0), d.registry(), items, &delta_format::forward);
+  REQUIRE_FALSE(items.empty());
+  dcr::item again;
+  again.tensor = items[0].tensor;
+  again.type = items[0].type;
+  again.enc = encoding::overwrite;
+  again.indices = {items[0].indices[0]};
+  const auto& t = d.registry().tensors()[again.tensor];
+  const std::size_t w = dcr::dtype_size(t.type);
+  const auto* e = safetensors_file::open(fx.new_path).find(t.name);
+  const auto new_file = safetensors_file::open(fx.new_path);
+  const auto bytes = new_file.data(*e);
+  again.values.assign(bytes.begin() + static_cast<std::ptrdiff_t>(again.indices[0] * w),
+                      bytes.begin() + static_cast<std::ptrdiff_t>((again.indices[0] + 1) * w));
+  const auto twice = fx.dir / "twice.dcrdelta";
+  {
+    delta_writer writer(twice, container_kind::delta, d.registry(), d.target_header_json(),
+                        old_file.header_json());
+    writer.set_digests(d.base_digest(), d.result_digest());
+    writer.append_payload(d.payload(0));
+    dcr::payload_header h;
+    h.registry_fingerprint = d.registry().fingerprint();
+    h.id = {0, 1, 0, 0, 1};
+    std::vector<std::byte> p;
+    dcr::payload_encoder encoder;
+    encoder.encode(h, std::span<const dcr::item>(&again, 1), d.registry(), p);
+    writer.append_payload(p);
+    writer.commit();
+  }
+  const auto files = fx.dir.files();
+  const auto base = fx.dir / "base.safetensors";
+  std::filesystem::copy_file(fx.old_path, base);
+  const auto base_bytes = read_file(base);
+  for (bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    const auto e2 = thrown_error([&] {
+      if (in_place)
+        (void)apply_delta_in_place(twice, base);
+      else
+        (void)apply_delta(twice, fx.old_path, fx.dir / "out.safetensors");
+    });
+    CHECK(e2.dcr_code() == errc::corrupt_payload);
+    CHECK(std::string(e2.what()).find("payload 1") != std::string::npos);
+    CHECK(std::string(e2.what()).find("of an earlier payload (each element may be listed once") !=
+          std::string::npos);
+  }
+  CHECK(read_file(base) == base_bytes);
+  std::filesystem::remove(base);
+  CHECK(fx.dir.files() == files);
 }

@@ -197,7 +197,7 @@ TEST_CASE("every malformed file is refused with its code, naming file and tensor
     CHECK(code(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8) ==
           errc::corrupt_payload);
     const auto beyond = parse_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4);
-    CHECK(beyond.dcr_code() == errc::out_of_range);
+    CHECK(beyond.dcr_code() == errc::truncated_payload);
     const auto size = parse_error(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
     CHECK(size.dcr_code() == errc::shape_mismatch);
     CHECK(std::string(size.what()).find("tensor 'a': 8 bytes, but 3 elements of F32 take 12") !=
@@ -240,4 +240,55 @@ TEST_CASE("the writer refuses what it cannot write, and writes nothing") {
   CHECK(dir.files().empty());
   CHECK(thrown_error([&] { (void)safetensors_file::open(dir / "missing.safetensors"); })
             .dcr_code() == errc::io_error);
+}
+
+TEST_CASE("bytes after a NUL in the header are refused: only trailing spaces pad a header") {
+  const std::string ok = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  // The parser would stop at the NUL and never see what follows it.
+  for (const std::string& json : {ok + std::string("\0garbage", 8), ok + std::string(7, '\0'),
+                                  ok + std::string("  \0     ", 8),
+                                  std::string("{\0\"a\":1}", 8)}) {
+    const auto e = parse_error(json, 1);
+    CHECK(e.dcr_code() == errc::corrupt_payload);
+    CHECK(std::string(e.what()).find("t.safetensors: NUL byte at byte ") != std::string::npos);
+    CHECK(std::string(e.what()).find("padded only with trailing spaces") != std::string::npos);
+  }
+  CHECK_NOTHROW((void)parse_safetensors(file_of(ok + "       ", 1, false), "t.safetensors"));
+}
+
+TEST_CASE("a file that is not safetensors, or is truncated, says so") {
+  const auto d = io_test::random_bytes(64, 5);
+  const std::vector<safetensors_tensor> t = {{"w", dtype::f32, {16}, d}};
+  const auto good = serialize_safetensors(t);
+  const auto message = [](std::span<const std::byte> f) {
+    return std::string(thrown_error([&] { (void)parse_safetensors(f, "x.bin"); }).what());
+  };
+  SUBCASE("a dcr delta file (or any other file) passed as a checkpoint") {
+    std::vector<std::byte> delta(200, std::byte{0});
+    std::memcpy(delta.data(), "DCRDELTA", 8);
+    const auto e = thrown_error([&] { (void)parse_safetensors(delta, "x.bin"); });
+    CHECK(e.dcr_code() == errc::overflow);
+    const std::string what = e.what();
+    CHECK(what.find("x.bin is not a safetensors file: its first 8 bytes \"DCRDELTA\"") !=
+          std::string::npos);
+    std::vector<std::byte> text(100, std::byte{' '});
+    dcr::detail::store_le<std::uint64_t>(text.data(), 8);  // a small length, then no JSON
+    CHECK(message(text).find("x.bin is not a safetensors file: its JSON header does not start") !=
+          std::string::npos);
+    CHECK(message(std::span(good).first(5)).find("x.bin is not a safetensors file: 5 bytes") !=
+          std::string::npos);
+  }
+  SUBCASE("truncated in the data or in the header") {
+    const auto n = dcr::detail::load_le<std::uint64_t>(good.data());
+    const auto e = thrown_error([&] { (void)parse_safetensors(std::span(good).first(good.size() - 10), "x.bin"); });
+    CHECK(e.dcr_code() == errc::truncated_payload);
+    CHECK(std::string(e.what()).find("x.bin is truncated: its header says 64 bytes of tensor "
+                                     "data follow the " + std::to_string(8 + n) +
+                                     "-byte header, the file has 54") != std::string::npos);
+    const auto in_header = message(std::span(good).first(8 + n / 2));
+    CHECK(in_header.find("x.bin is truncated: its header length says " + std::to_string(n) +
+                         " bytes of JSON, the file has " + std::to_string(n / 2)) !=
+          std::string::npos);
+    CHECK(message(std::span(good).first(8 + n)).find("x.bin is truncated") != std::string::npos);
+  }
 }

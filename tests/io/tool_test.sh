@@ -109,7 +109,7 @@ case "$scenario" in
     expect_status 1 "$dcr" apply ckpt/step.dcrdelta "$other" -o ckpt/out.safetensors
     expect_in err.txt "verification failed"
     expect_in err.txt "wrong base"
-    expect_in err.txt "model.norm.weight"
+    expect_in err.txt "its tensors have digest"
     cp "$other" ckpt/base.safetensors
     expect_status 1 "$dcr" apply ckpt/step.dcrdelta ckpt/base.safetensors --in-place
     cmp ckpt/base.safetensors "$other" || fail "a refused in-place apply changed BASE"
@@ -139,17 +139,34 @@ case "$scenario" in
     ;;
   inspect)
     "$dcr" diff "$old" "$new" -o ckpt/step.dcrdelta --payload-records 20000
+    # Without its base a delta names no tensor; with it, names and the result's metadata.
     "$dcr" inspect ckpt/step.dcrdelta --json >inspect.json
+    expect_in inspect.json '"tensors": null'
+    expect_in inspect.json "\"records\": $changed,"
+    "$dcr" inspect ckpt/step.dcrdelta "$old" --json >inspect.json
     for key in kind format_version registry_fingerprint tensors payloads base_digest \
-               result_digest items encoding location_coding value_coding location_bytes \
-               value_raw_bytes metadata; do
+               result_digest base_header_digest target_header_digest items encoding \
+               location_coding value_coding location_bytes value_raw_bytes metadata; do
       expect_in inspect.json "\"$key\":"
     done
     expect_in inspect.json "\"records\": $changed,"
     expect_in inspect.json '"step": "0002"'
     expect_in inspect.json '"name": "model.layers.0.fp8_e4m3"'
-    "$dcr" inspect ckpt/step.dcrdelta >inspect.txt
+    "$dcr" inspect ckpt/step.dcrdelta "$old" >inspect.txt
     expect_in inspect.txt "model.norm.weight"
+    expect_status 1 "$dcr" inspect ckpt/step.dcrdelta "$new"
+    expect_in err.txt "wrong base"
+    # The target header decodes by hand as docs/tool.md shows: zstd with the base's header
+    # content as its dictionary gives NEW's header bytes.
+    python3 -c 'import sys, struct; b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]; sys.stdout.buffer.write(b[8:8 + n].rstrip(b" "))' \
+      "$old" >base.json
+    size=$(od -An -tu8 -j64 -N8 ckpt/step.dcrdelta | tr -d " ")
+    dd if=ckpt/step.dcrdelta of=target.zst bs=1 skip=136 count=$size status=none
+    zstd -q -d -D base.json target.zst -o target.json
+    python3 -c 'import sys, struct; b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]; sys.exit(open(sys.argv[2], "rb").read() != b[8:8 + n])' \
+      "$new" target.json || fail "the target header does not decode by hand as documented"
     ;;
   usage)
     "$dcr" diff "$old" "$new" -o ckpt/step.dcrdelta

@@ -38,8 +38,9 @@ options:
 
 constexpr const char* apply_usage = R"(usage: dcr apply DELTA BASE.safetensors (-o OUT.safetensors | --in-place) [--json]
 
-Applies a delta file to BASE. Refuses a BASE whose tensors are not the delta's base (digest of
-every tensor) and verifies every result digest before the result becomes visible.
+Applies a delta file to BASE. Refuses a BASE that is not the delta's base (its tensors, its
+header and the digest of its tensors' bytes) and verifies the digest of the result's tensors
+before the result becomes visible.
 
 options:
   -o, --output OUT        write the result to OUT (atomically); BASE is not changed
@@ -49,10 +50,14 @@ options:
   -h, --help              this text
 )";
 
-constexpr const char* inspect_usage = R"(usage: dcr inspect DELTA [--json]
+constexpr const char* inspect_usage = R"(usage: dcr inspect DELTA [BASE.safetensors] [--json]
 
-Validates a delta file (or an in-place journal) and prints its header, its tensors with their
-base and result digests, and every payload's items with their codings and stream sizes.
+Validates a delta file (or an in-place journal) and prints its header (sizes, registry
+fingerprint, the digests of the base's and the result's headers and tensors) and every
+payload's items with their codings and stream sizes. A delta names no tensor: its tensors are
+its base's. Given BASE (the checkpoint the delta applies to), it is checked against the delta
+(tensors and header, not the tensor bytes) and the tensors are listed by name, with the
+result's metadata; a journal holds its base's header and is always listed so.
 
 options:
   --json                  print as JSON
@@ -189,7 +194,7 @@ int apply_main(const std::vector<std::string>& argv) {
     if (r.already_applied)
       fmt::print("dcr apply: {} already holds the delta's result; nothing to do\n", files[1]);
     else
-      fmt::print("dcr apply: {} changed elements in {} tensors, every result digest verified, "
+      fmt::print("dcr apply: {} changed elements in {} tensors, result verified, "
                  "{:.3f} s -> {}\n",
                  r.records, r.tensors, r.seconds, result);
   }
@@ -240,7 +245,10 @@ int inspect_main(const std::vector<std::string>& argv) {
   const bool json = args.flag("--json");
   const auto files = args.positionals();
   args.finish();
-  expect_positionals(files, 1, "DELTA");
+  if (files.size() != 1 && files.size() != 2)
+    throw usage_error(
+        fmt::format("expected DELTA and optionally BASE ({} file argument(s) given)",
+                    files.size()));
 
   // A journal is inspected as such; anything else must be a delta file.
   auto kind = dcr::io::container_kind::delta;
@@ -252,44 +260,36 @@ int inspect_main(const std::vector<std::string>& argv) {
         std::memcmp(magic, dcr::io::delta_format::journal_magic.data(), 8) == 0)
       kind = dcr::io::container_kind::journal;
   }
-  const auto d = dcr::io::delta_file::open(files[0], kind);
-  const auto& target = d.target_header();
+  auto d = dcr::io::delta_file::open(files[0], kind);
+  if (files.size() == 2 && kind == dcr::io::container_kind::delta) {
+    const auto base = dcr::io::safetensors_file::open(files[1]);
+    d.bind_base(base.header(), base.header_json(), "BASE '" + files[1] + "'");
+  }
 
   ojson j;
   j["file"] = files[0];
   j["kind"] = kind == dcr::io::container_kind::delta ? "delta" : "journal";
   j["format_version"] = dcr::io::delta_format::version;
   j["bytes"] = d.bytes().size();
-  j["registry_fingerprint"] = fmt::format("{:016x}", d.registry().fingerprint());
+  j["registry_fingerprint"] = fmt::format("{:016x}", d.registry_fingerprint());
+  j["tensor_count"] = d.tensor_count();
   j["tensor_bytes"] = d.tensor_bytes();
-  j["target_file_bytes"] = target.file_size();
-  if (target.metadata()) {
-    ojson m = ojson::object();
-    for (const auto& [k, v] : *target.metadata()) m[k] = v;
-    j["metadata"] = m;
-  } else {
-    j["metadata"] = nullptr;
-  }
-  ojson tensors = ojson::array();
-  std::uint64_t changed_tensors = 0;
-  for (dcr::tensor_id id = 0; id < d.tensors().size(); ++id) {
-    const auto& m = d.tensors()[id];
-    ojson t;
-    t["id"] = id;
-    t["name"] = m.tensor.name;
-    t["dtype"] = std::string(dcr::dtype_name(m.tensor.type));
-    t["shape"] = m.tensor.shape;
-    t["bytes"] = m.tensor.bytes();
-    t["base_digest"] = m.base_digest.hex();
-    t["result_digest"] = m.result_digest.hex();
-    t["changed"] = m.base_digest != m.result_digest;
-    changed_tensors += m.base_digest != m.result_digest ? 1 : 0;
-    tensors.push_back(std::move(t));
-  }
-  j["tensor_count"] = d.tensors().size();
-  j["changed_tensors"] = changed_tensors;
+  j["target_file_bytes"] = d.target_file_size();
+  j["target_header_bytes"] = d.target_header_size();
+  j["target_header_code_bytes"] = d.target_header_code().size();
+  j["base_header_digest"] = d.base_header_digest().hex();
+  j["target_header_digest"] = d.target_header_digest().hex();
+  j["base_digest"] = d.base_digest().hex();
+  j["result_digest"] = d.result_digest().hex();
+  j["changed"] = d.base_digest() != d.result_digest() ||
+                 d.base_header_digest() != d.target_header_digest();
+  const auto name_of = [&](std::uint64_t id) -> ojson {
+    if (!d.bound()) return nullptr;
+    return id < d.registry().size() ? ojson(d.registry().tensors()[id].name) : ojson("?");
+  };
   ojson payloads = ojson::array();
   std::vector<dcr::item_entry> entries;
+  std::vector<bool> changed(d.tensor_count(), false);
   std::uint64_t records = 0;
   for (std::size_t i = 0; i < d.payload_count(); ++i) {
     const auto h = dcr::payload_decoder::read_table(d.payload(i), entries);
@@ -307,7 +307,7 @@ int inspect_main(const std::vector<std::string>& argv) {
     for (const auto& e : entries) {
       ojson it;
       it["tensor_id"] = e.tensor;
-      it["tensor"] = e.tensor < d.tensors().size() ? d.tensors()[e.tensor].tensor.name : "?";
+      it["tensor"] = name_of(e.tensor);
       const auto type = dcr::dtype_from_code(e.dtype_code);
       it["dtype"] = type ? std::string(dcr::dtype_name(*type)) : "?";
       it["count"] = e.count;
@@ -319,14 +319,41 @@ int inspect_main(const std::vector<std::string>& argv) {
       it["location_raw_bytes"] = e.location_raw_size;
       it["value_bytes"] = e.value_size;
       it["value_raw_bytes"] = e.value_raw_size;
+      if (e.tensor < changed.size()) changed[e.tensor] = true;
       records += e.count;
       items.push_back(std::move(it));
     }
     p["items"] = std::move(items);
     payloads.push_back(std::move(p));
   }
+  std::uint64_t changed_tensors = 0;
+  for (bool c : changed) changed_tensors += c ? 1 : 0;
+  j["changed_tensors"] = changed_tensors;
   j["payload_count"] = d.payload_count();
   j["records"] = records;
+  // With a base: the result's metadata and the tensors by name (changed: has items).
+  ojson tensors = nullptr;
+  j["metadata"] = nullptr;
+  if (d.bound()) {
+    const auto& target = d.target_header();
+    if (target.metadata()) {
+      ojson m = ojson::object();
+      for (const auto& [k, v] : *target.metadata()) m[k] = v;
+      j["metadata"] = m;
+    }
+    tensors = ojson::array();
+    for (dcr::tensor_id id = 0; id < d.registry().size(); ++id) {
+      const auto& t = d.registry().tensors()[id];
+      ojson e;
+      e["id"] = id;
+      e["name"] = t.name;
+      e["dtype"] = std::string(dcr::dtype_name(t.type));
+      e["shape"] = t.shape;
+      e["bytes"] = t.bytes();
+      e["changed"] = static_cast<bool>(changed[id]);
+      tensors.push_back(std::move(e));
+    }
+  }
   j["tensors"] = std::move(tensors);
   j["payloads"] = std::move(payloads);
 
@@ -337,17 +364,23 @@ int inspect_main(const std::vector<std::string>& argv) {
   fmt::print("{} {}: format {}, {} bytes, {} tensors ({} changed, {} bytes), {} payloads, {} "
              "records, registry {}\n",
              j["kind"].get<std::string>(), files[0], dcr::io::delta_format::version,
-             d.bytes().size(), d.tensors().size(), changed_tensors, d.tensor_bytes(),
+             d.bytes().size(), d.tensor_count(), changed_tensors, d.tensor_bytes(),
              d.payload_count(), records, j["registry_fingerprint"].get<std::string>());
-  if (target.metadata())
-    for (const auto& [k, v] : *target.metadata()) fmt::print("  metadata {} = {}\n", k, v);
-  fmt::print("tensors:\n  {:>5}  {:<40} {:<8} {:<20} {:<32} {:<32}\n", "id", "name", "dtype",
-             "shape", "base digest", "result digest");
-  for (const auto& t : j["tensors"]) {
-    fmt::print("  {:>5}  {:<40} {:<8} {:<20} {:<32} {:<32}\n", t["id"].get<std::uint64_t>(),
-               t["name"].get<std::string>(), t["dtype"].get<std::string>(), t["shape"].dump(),
-               t["base_digest"].get<std::string>(),
-               t["changed"].get<bool>() ? t["result_digest"].get<std::string>() : "(same)");
+  fmt::print("  base header {}  tensors {}\n  result header {}  tensors {}\n",
+             d.base_header_digest().hex(), d.base_digest().hex(), d.target_header_digest().hex(),
+             d.result_digest().hex());
+  fmt::print("  target header: {} bytes, coded against the base's in {}\n",
+             d.target_header_size(), d.target_header_code().size());
+  if (d.bound()) {
+    if (d.target_header().metadata())
+      for (const auto& [k, v] : *d.target_header().metadata())
+        fmt::print("  metadata {} = {}\n", k, v);
+    fmt::print("tensors:\n  {:>5}  {:<40} {:<8} {:<20} {}\n", "id", "name", "dtype", "shape",
+               "changed");
+    for (const auto& t : j["tensors"])
+      fmt::print("  {:>5}  {:<40} {:<8} {:<20} {}\n", t["id"].get<std::uint64_t>(),
+                 t["name"].get<std::string>(), t["dtype"].get<std::string>(), t["shape"].dump(),
+                 t["changed"].get<bool>() ? "yes" : "no");
   }
   for (const auto& p : j["payloads"]) {
     fmt::print("payload {} ({}, sequence {}) at byte {}: {} bytes, {} items\n",
@@ -357,9 +390,11 @@ int inspect_main(const std::vector<std::string>& argv) {
     for (const auto& it : p["items"])
       fmt::print("  {:<40} {:<8} {:>10} records  {:<9} loc {:<12} {:>9}/{:<9} val {:<14} "
                  "{:>9}/{:<9}\n",
-                 it["tensor"].get<std::string>(), it["dtype"].get<std::string>(),
-                 it["count"].get<std::uint64_t>(), it["encoding"].get<std::string>(),
-                 it["location_coding"].get<std::string>(),
+                 it["tensor"].is_null() ? fmt::format("tensor id {}",
+                                                      it["tensor_id"].get<std::uint64_t>())
+                                        : it["tensor"].get<std::string>(),
+                 it["dtype"].get<std::string>(), it["count"].get<std::uint64_t>(),
+                 it["encoding"].get<std::string>(), it["location_coding"].get<std::string>(),
                  it["location_bytes"].get<std::uint64_t>(),
                  it["location_raw_bytes"].get<std::uint64_t>(),
                  it["value_coding"].get<std::string>(), it["value_bytes"].get<std::uint64_t>(),

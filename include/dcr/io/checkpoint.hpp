@@ -13,9 +13,10 @@
 //     being filled by the scan, one being encoded by the worker thread; see checkpoint_differ).
 //     The delta's bytes depend on the options (policy, level, payload_records), not on the
 //     worker thread or on how the checkpoints are held.
-//   - apply refuses a base whose tensors differ from the delta's base (names, dtypes, shapes, or
-//     the XXH3-128 digest of any tensor's bytes) before creating anything, and publishes the
-//     output only after every result digest matched (temporary file, fsync, rename, fsync dir).
+//   - apply refuses a base that is not the delta's base (other names, dtypes or shapes, another
+//     JSON header content, or another XXH3-128 tensors digest) before creating anything, and
+//     publishes the output only after the result's tensors digest matched (temporary file,
+//     fsync, rename, fsync dir).
 //   - apply_in_place never leaves a partly applied file at the base path: the base path holds the
 //     old file, the new file, or (between the steps of in_place_step) nothing, while a journal
 //     beside it lets recover_in_place (or the next in-place apply) roll forward.
@@ -236,7 +237,7 @@ class checkpoint_differ {
     }
 
     delta_writer writer(delta_path, container_kind::delta, file_registry_,
-                        new_file.header_json());
+                        new_file.header_json(), old_file.header_json());
     // The worker maps the files' pages in ahead of the scan between payloads (when the files
     // were opened without populating them, see diff_checkpoints).
     diff_report report = scan_and_encode(
@@ -244,8 +245,14 @@ class checkpoint_differ {
         [&writer](std::span<const std::byte> payload) { writer.append_payload(payload); },
         digests_, options_.worker_thread);
     const double call = report.seconds;
-    for (tensor_id id = 0; id < file_registry_.size(); ++id)
-      writer.set_digests(id, digests_[id].old_digest, digests_[id].new_digest);
+    {
+      std::vector<digest128> old_digests, new_digests;
+      for (const auto& d : digests_) {
+        old_digests.push_back(d.old_digest);
+        new_digests.push_back(d.new_digest);
+      }
+      writer.set_digests(tensors_digest(old_digests), tensors_digest(new_digests));
+    }
     const auto t0 = detail::clock::now();
     report.delta_bytes = writer.commit();
     const double commit = detail::seconds_since(t0);
@@ -643,7 +650,7 @@ inline void apply_item(std::span<std::byte> tensor, const item& it, std::string_
   });
 }
 
-// Byte ranges (file offsets) of the manifest's tensors in a file, by tensor id.
+// Byte ranges (file offsets) of the registry's tensors in a file, by tensor id.
 struct tensor_ranges {
   std::vector<std::uint64_t> begin;
   std::vector<std::uint64_t> size;
@@ -657,58 +664,36 @@ struct tensor_ranges {
 
 inline tensor_ranges ranges_in(const delta_file& d, const safetensors_header& h) {
   tensor_ranges r;
-  for (const auto& m : d.tensors()) {
-    const auto* e = h.find(m.tensor.name);
+  for (const auto& t : d.registry().tensors()) {
+    const auto* e = h.find(t.name);
     r.begin.push_back(h.data_offset() + e->begin);
     r.size.push_back(e->size());
   }
   return r;
 }
 
-// The first tensor (in id order) whose bytes do not have the manifest's base (or result)
-// digest, or nullopt.
-inline std::optional<tensor_id> first_digest_mismatch(const delta_file& d,
-                                                      std::span<const std::byte> file,
-                                                      const tensor_ranges& ranges, bool result) {
-  for (tensor_id id = 0; id < d.tensors().size(); ++id) {
-    const auto& m = d.tensors()[id];
-    if (digest_of(ranges.of(file, id)) != (result ? m.result_digest : m.base_digest)) return id;
-  }
-  return std::nullopt;
+// tensors_digest of the registry's tensors in `file` (laid out as `ranges` says).
+inline digest128 tensors_digest_in(std::span<const std::byte> file, const tensor_ranges& ranges) {
+  std::vector<digest128> per_tensor;
+  per_tensor.reserve(ranges.begin.size());
+  for (tensor_id id = 0; id < ranges.begin.size(); ++id)
+    per_tensor.push_back(digest_of(ranges.of(file, id)));
+  return tensors_digest(per_tensor);
+}
+
+// Whether the tensors in `file` are the delta's base (or result).
+inline bool tensors_are(const delta_file& d, std::span<const std::byte> file,
+                        const tensor_ranges& ranges, bool result) {
+  return tensors_digest_in(file, ranges) == (result ? d.result_digest() : d.base_digest());
 }
 
 inline std::string digest_mismatch_message(const delta_file& d, std::span<const std::byte> file,
-                                           const tensor_ranges& ranges, tensor_id id,
+                                           const tensor_ranges& ranges,
                                            std::string_view file_what, bool result) {
-  const auto& m = d.tensors()[id];
-  return std::string(file_what) + ": tensor '" + m.tensor.name + "' has digest " +
-         digest_of(ranges.of(file, id)).hex() + ", the delta's " +
-         (result ? "result" : "base") + " has " +
-         (result ? m.result_digest : m.base_digest).hex();
-}
-
-// Decodes payload i of `d`, checking its id (direction and sequence) as well.
-inline void decode_payload(payload_decoder& decoder, const delta_file& d, std::size_t i,
-                           std::vector<item>& items) {
-  const auto expect = d.expected_transition(i);
-  const std::string where = d.where() + ": payload " + std::to_string(i) + " at byte " +
-                            std::to_string(d.payload_offset(i));
-  payload_header h;
-  try {
-    h = decoder.decode(d.payload(i), d.registry(), items, &expect);
-  } catch (const error& e) {
-    throw error(e.dcr_code(), where + ": " + e.what());
-  }
-  DCR_EXPECTS(h.id.owner == 0 && h.id.sequence == d.expected_sequence(i),
-              errc::duplicate_payload,
-              where + ": owner " + std::to_string(h.id.owner) + " sequence " +
-                  std::to_string(h.id.sequence) + ", expected owner 0 sequence " +
-                  std::to_string(d.expected_sequence(i)) + " (payloads reordered or duplicated)");
-  if (d.kind() == container_kind::journal)
-    for (const auto& it : items)
-      DCR_EXPECTS(it.enc == encoding::overwrite, errc::corrupt_payload,
-                  where + ": journal item of tensor id " + std::to_string(it.tensor) +
-                      " is not an overwrite item");
+  return std::string(file_what) + ": its tensors have digest " +
+         tensors_digest_in(file, ranges).hex() + ", the " + (result ? "result" : "base") +
+         " of " + d.where() + " has " + (result ? d.result_digest() : d.base_digest()).hex() +
+         (result ? "" : " (same tensor names, dtypes, shapes and header, other bytes)");
 }
 
 }  // namespace detail
@@ -725,11 +710,11 @@ inline void decode_payload(payload_decoder& decoder, const delta_file& d, std::s
 /// Applies the delta at `delta_path` to the checkpoint at `base_path`, writing the result to
 /// `out_path` atomically: the result has the target's header verbatim and every tensor's bytes at
 /// the target's offsets, so it equals the NEW file diff read byte for byte. Refuses, before
-/// creating anything: a base with other tensors (require_same_tensors), a base whose tensor bytes
-/// differ from the delta's base (verification_failed naming the first such tensor), `out_path`
+/// creating anything: a base with other tensors (registry_mismatch), another header content or
+/// other tensor bytes than the delta's base (verification_failed, "wrong base"), `out_path`
 /// naming the base itself (invalid_argument; use apply_delta_in_place), a base with an
-/// unfinished in-place apply (not_ready). The output appears only after every result digest
-/// matched (else verification_failed and nothing is created). Errors of the delta file and
+/// unfinished in-place apply (not_ready). The output appears only after the result's tensors
+/// digest matched (else verification_failed and nothing is created). Errors of the delta file and
 /// payload decoder (corrupt_payload and the rest) leave nothing behind either.
 inline apply_report apply_delta(const std::filesystem::path& delta_path,
                                 const std::filesystem::path& base_path,
@@ -739,20 +724,15 @@ inline apply_report apply_delta(const std::filesystem::path& delta_path,
               "BASE '" + base_path.string() + "' has an unfinished in-place apply (journal '" +
                   journal_path(base_path).string() + "'); run `dcr recover " +
                   base_path.string() + "` first");
-  const auto d = delta_file::open(delta_path);
+  auto d = delta_file::open(delta_path);
   const auto base = safetensors_file::open(base_path, true);
   const std::string base_what = "BASE '" + base_path.string() + "'";
-  {
-    std::vector<canonical_tensor> expected;
-    for (const auto& m : d.tensors()) expected.push_back(m.tensor);
-    require_same_tensors(expected, "the delta '" + delta_path.string() + "'", base.header(),
-                         base_what);
-  }
+  d.bind_base(base.header(), base.header_json(), base_what);
   const auto base_ranges = detail::ranges_in(d, base.header());
-  if (auto bad = detail::first_digest_mismatch(d, base.bytes(), base_ranges, false))
+  if (!detail::tensors_are(d, base.bytes(), base_ranges, false))
     throw error(errc::verification_failed,
                 "wrong base: " + detail::digest_mismatch_message(d, base.bytes(), base_ranges,
-                                                                 *bad, base_what, false));
+                                                                 base_what, false));
   DCR_EXPECTS(!same_file(base_path, out_path), errc::invalid_argument,
               "OUT '" + out_path.string() + "' is BASE itself; use the in-place apply");
   DCR_EXPECTS(!same_file(delta_path, out_path), errc::invalid_argument,
@@ -766,28 +746,28 @@ inline apply_report apply_delta(const std::filesystem::path& delta_path,
   dcr::detail::store_le<std::uint64_t>(length, target.header_size());
   out.write_at(length, 0);
   out.write_at(std::as_bytes(std::span<const char>(d.target_header_json())), 8);
-  for (tensor_id id = 0; id < d.tensors().size(); ++id)
+  for (tensor_id id = 0; id < d.registry().size(); ++id)
     out.write_at(base_ranges.of(base.bytes(), id), out_ranges.begin[id]);
 
   apply_report report;
-  report.tensors = d.tensors().size();
+  report.tensors = d.registry().size();
   {
     auto map = mapped_file::open_write(out.temp_path(), true);
     const auto bytes = map.writable_bytes();
-    payload_decoder decoder;
+    delta_payloads payloads(d);
     std::vector<item> items;
     for (std::size_t i = 0; i < d.payload_count(); ++i) {
-      detail::decode_payload(decoder, d, i, items);
+      payloads.decode(i, items);
       for (const auto& it : items) {
         detail::apply_item(out_ranges.of(bytes, it.tensor), it, d.where());
         report.records += it.count();
       }
       ++report.payloads;
     }
-    if (auto bad = detail::first_digest_mismatch(d, map.bytes(), out_ranges, true))
+    if (!detail::tensors_are(d, map.bytes(), out_ranges, true))
       throw error(errc::verification_failed,
                   "the result does not verify: " +
-                      detail::digest_mismatch_message(d, map.bytes(), out_ranges, *bad,
+                      detail::digest_mismatch_message(d, map.bytes(), out_ranges,
                                                       "OUT '" + out_path.string() + "'", true));
     map.sync();
   }
@@ -808,7 +788,7 @@ enum class in_place_step : std::uint8_t {
   base_hidden,        ///< BASE renamed to its hidden working name; nothing written yet
   half_written,       ///< about half of the new words written to the working file
   written,            ///< every new word and the header written and fsynced; not yet verified
-  verified,           ///< every result digest verified; working file not yet renamed back
+  verified,           ///< the result's digest verified; working file not yet renamed back
   renamed_back,       ///< BASE holds the result; journal not yet removed
 };
 
@@ -890,7 +870,7 @@ inline std::uint64_t write_journal_words(const delta_file& j, std::span<std::byt
   const auto ranges = ranges_in(j, j.target_header());
   const std::string_view header = undo ? j.base_header_json() : j.target_header_json();
   std::memcpy(file.data() + 8, header.data(), header.size());
-  payload_decoder decoder;
+  delta_payloads payloads(j);
   std::vector<item> items;
   std::uint64_t total = 0;
   if (!undo && options.crash_at == in_place_step::half_written) {
@@ -905,7 +885,7 @@ inline std::uint64_t write_journal_words(const delta_file& j, std::span<std::byt
   std::uint64_t written = 0;
   for (std::size_t i = 0; i < j.payload_count(); ++i) {
     if (j.is_undo(i) != undo) continue;
-    decode_payload(decoder, j, i, items);
+    payloads.decode(i, items);
     for (auto& it : items) {
       if (!undo && options.crash_at == in_place_step::half_written &&
           written + it.count() > crash_after) {
@@ -951,12 +931,12 @@ inline void finish_from_journal(const delta_file& j, const std::filesystem::path
     auto f = mapped_file::open_read(base, true);
     const bool sized = f.size() == target.file_size();
     if (sized && header_is(f.bytes(), j.target_header_json()) &&
-        !first_digest_mismatch(j, f.bytes(), ranges, true)) {
+        tensors_are(j, f.bytes(), ranges, true)) {
       remove_durably(journal_path(base));
       return;
     }
     DCR_EXPECTS(sized && header_is(f.bytes(), j.base_header_json()) &&
-                    !first_digest_mismatch(j, f.bytes(), ranges, false),
+                    tensors_are(j, f.bytes(), ranges, false),
                 errc::verification_failed,
                 base_what + " matches neither the base nor the result of the journal '" +
                     journal_path(base).string() + "'; left as it is");
@@ -972,12 +952,15 @@ inline void finish_from_journal(const delta_file& j, const std::filesystem::path
   report.rolled_forward = true;
   map.sync();
   crash_point(options, in_place_step::written);
-  if (auto bad = first_digest_mismatch(j, map.bytes(), ranges, true)) {
+  if (!tensors_are(j, map.bytes(), ranges, true) ||
+      !header_is(map.bytes(), j.target_header_json())) {
     const std::string why =
-        digest_mismatch_message(j, map.bytes(), ranges, *bad, "the working file", true);
+        tensors_are(j, map.bytes(), ranges, true)
+            ? "the working file's JSON header is not the journal's target header"
+            : digest_mismatch_message(j, map.bytes(), ranges, "the working file", true);
     write_journal_words(j, map.writable_bytes(), true, options);
     map.sync();
-    if (first_digest_mismatch(j, map.bytes(), ranges, false))
+    if (!tensors_are(j, map.bytes(), ranges, false))
       throw error(errc::verification_failed,
                   "in-place apply: the result does not verify (" + why +
                       ") and undoing it did not restore the base either; the working file '" +
@@ -1002,7 +985,7 @@ inline void finish_from_journal(const delta_file& j, const std::filesystem::path
 
 /// Finishes an in-place apply of BASE that a crash interrupted, if any: removes unpublished
 /// journal files, and if a journal is published, rolls it forward (rewrites every new word,
-/// idempotently), verifies every result digest and the header, renames the file back to BASE and
+/// idempotently), verifies the result's tensors digest and the header, renames the file back to BASE and
 /// removes the journal. If the result does not verify, the journal's undo words restore the base
 /// and verification_failed is thrown. Throws corrupt_payload (and the like) for a damaged
 /// journal and not_ready for a working file without a journal or beside an existing BASE, in
@@ -1033,7 +1016,7 @@ inline recover_report recover_in_place(const std::filesystem::path& base,
 /// tensors out as the delta's target does and that the target's header fits in BASE's
 /// (invalid_argument otherwise: apply to a new file instead); if BASE already holds the result,
 /// reports already_applied and writes nothing; otherwise writes a journal of old and new words,
-/// renames BASE to a hidden working name, writes the new words, verifies every result digest,
+/// renames BASE to a hidden working name, writes the new words, verifies the result's digest,
 /// renames it back and removes the journal.
 inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path,
                                          const std::filesystem::path& base_path,
@@ -1042,23 +1025,42 @@ inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path
   apply_report report;
   report.recovered = recover_in_place(base_path, options).journal_found;
   require_single_regular_file(base_path, "in-place apply: BASE");
-  const auto d = delta_file::open(delta_path);
+  auto d = delta_file::open(delta_path);
   auto base = safetensors_file::open(base_path, true);
   const std::string base_what = "BASE '" + base_path.string() + "'";
+  // BASE may already hold the result (an in-place apply repeated): its header content is the
+  // target's and its tensors the result's. Checked before binding, which wants the base header;
+  // the tensors are digested once for this and for the base check below.
+  std::optional<digest128> base_tensors;
   {
-    std::vector<canonical_tensor> expected;
-    for (const auto& m : d.tensors()) expected.push_back(m.tensor);
-    require_same_tensors(expected, "the delta '" + delta_path.string() + "'", base.header(),
-                         base_what);
+    const tensor_registry registry(base.header().canonical_tensors());
+    if (registry.fingerprint() == d.registry_fingerprint()) {
+      detail::tensor_ranges r;
+      for (const auto& t : registry.tensors()) {
+        const auto* e = base.find(t.name);
+        r.begin.push_back(base.header().data_offset() + e->begin);
+        r.size.push_back(e->size());
+      }
+      base_tensors = detail::tensors_digest_in(base.bytes(), r);
+      if (*base_tensors == d.result_digest() &&
+          header_content_digest(base.header_json()) == d.target_header_digest()) {
+        report.already_applied = true;
+        report.tensors = registry.size();
+        report.output_bytes = base.bytes().size();
+        report.seconds = detail::seconds_since(start);
+        return report;
+      }
+    }
   }
+  d.bind_base(base.header(), base.header_json(), base_what);
   const safetensors_header& target = d.target_header();
-  for (const auto& m : d.tensors()) {
-    const auto* b = base.find(m.tensor.name);
-    const auto* t = target.find(m.tensor.name);
+  for (const auto& m : d.registry().tensors()) {
+    const auto* b = base.find(m.name);
+    const auto* t = target.find(m.name);
     DCR_EXPECTS(b->begin == t->begin && b->end == t->end, errc::invalid_argument,
                 "in-place apply needs " + base_what +
                     " to lay its tensors out as the delta's target does, but tensor '" +
-                    m.tensor.name + "' is at buffer bytes " + std::to_string(b->begin) + ".." +
+                    m.name + "' is at buffer bytes " + std::to_string(b->begin) + ".." +
                     std::to_string(b->end) + " in BASE and " + std::to_string(t->begin) + ".." +
                     std::to_string(t->end) + " in the target; apply to a new file (-o) instead");
   }
@@ -1073,35 +1075,27 @@ inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path
                     " bytes); apply to a new file (-o) instead");
     header.append(static_cast<std::size_t>(base_n) - header.size(), ' ');
   }
-  report.tensors = d.tensors().size();
+  report.tensors = d.registry().size();
   report.output_bytes = base.bytes().size();
 
   const auto ranges = detail::ranges_in(d, base.header());
-  if (auto bad = detail::first_digest_mismatch(d, base.bytes(), ranges, false)) {
-    if (base.header_json() == header &&
-        !detail::first_digest_mismatch(d, base.bytes(), ranges, true)) {
-      report.already_applied = true;
-      report.seconds = detail::seconds_since(start);
-      return report;
-    }
+  if (*base_tensors != d.base_digest())  // bind_base checked the fingerprint
     throw error(errc::verification_failed,
-                "wrong base: " + detail::digest_mismatch_message(d, base.bytes(), ranges, *bad,
+                "wrong base: " + detail::digest_mismatch_message(d, base.bytes(), ranges,
                                                                  base_what, false));
-  }
 
   // The journal: per delta payload, one redo payload (new words) and one undo payload (old).
   {
     delta_writer journal(journal_path(base_path), container_kind::journal, d.registry(), header,
                          base.header_json());
-    for (tensor_id id = 0; id < d.tensors().size(); ++id)
-      journal.set_digests(id, d.tensors()[id].base_digest, d.tensors()[id].result_digest);
-    payload_decoder decoder;
+    journal.set_digests(d.base_digest(), d.result_digest());
+    delta_payloads payloads(d);
     payload_encoder encoder;
     std::vector<item> items;
     std::vector<item> undo;
     std::vector<std::byte> bytes;
     for (std::size_t i = 0; i < d.payload_count(); ++i) {
-      detail::decode_payload(decoder, d, i, items);
+      payloads.decode(i, items);
       undo.resize(items.size());
       for (std::size_t k = 0; k < items.size(); ++k) {
         item& it = items[k];

@@ -12,17 +12,20 @@
 // Tensors may be listed in any order in the header; their data is little-endian, row-major.
 // The reader validates everything the reference implementation does, and says which file and
 // which tensor is wrong:
-//   - file of at least 8 bytes, N <= safetensors_max_header_size and N <= file size - 8;
-//   - header well-formed JSON (UTF-8), an object starting with '{', no duplicate keys;
+//   - file of at least 8 bytes, N <= safetensors_max_header_size and N <= file size - 8, and the
+//     header starting with '{' (otherwise "X is not a safetensors file: ...");
+//   - header well-formed JSON (UTF-8), an object, no duplicate keys, nothing after the object
+//     but spaces (no NUL byte anywhere: NUL is not padding);
 //   - each tensor an object with exactly "dtype", "shape" and "data_offsets"; a known dtype;
 //     a shape of non-negative integers whose element count times the dtype size fits 64 bits;
 //     data_offsets two integers begin <= end with end - begin == numel * dtype size;
-//   - the buffer covered exactly, in offset order, by the tensors;
+//   - the buffer covered exactly, in offset order, by the tensors (a buffer shorter than the
+//     tensors' offsets need: "X is truncated: ...");
 //   - "__metadata__", if present, an object of strings.
-// Errors are dcr::error: truncated_payload (file shorter than it declares), overflow (header
-// length or element count too large), corrupt_payload (malformed JSON or layout),
-// unsupported_version (unknown dtype), shape_mismatch (size disagrees with shape and dtype),
-// out_of_range (offsets beyond the buffer), io_error (the file cannot be read).
+// Errors are dcr::error: truncated_payload (file shorter than it declares: header or data),
+// overflow (header length or element count too large), corrupt_payload (not safetensors at all,
+// malformed JSON or layout), unsupported_version (unknown dtype), shape_mismatch (size disagrees
+// with shape and dtype), io_error (the file cannot be read).
 //
 // The writer produces what the reference writer produces: compact JSON with "__metadata__"
 // first, the header padded with spaces to a multiple of 8 bytes, tensors laid out back to back
@@ -136,6 +139,23 @@ inline std::string quoted(std::string_view s) {
   return q;
 }
 
+// `bytes` as a quoted string, non-printable bytes as \xNN (for naming what a file starts with).
+inline std::string printable(std::span<const std::byte> bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string s = "\"";
+  for (auto b : bytes) {
+    const auto c = static_cast<unsigned char>(b);
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      s += static_cast<char>(c);
+    } else {
+      s += "\\x";
+      s += digits[c >> 4];
+      s += digits[c & 15];
+    }
+  }
+  return s + "\"";
+}
+
 inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
   if (!v.is_number_unsigned()) {
     ok = false;
@@ -154,7 +174,15 @@ inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
                                                                  std::string_view where) {
   const std::string file(where);
   DCR_EXPECTS(!json.empty() && json.front() == '{', errc::corrupt_payload,
-              file + ": the JSON header does not start with '{'");
+              file + " is not a safetensors file: its JSON header does not start with '{'");
+  // The JSON parser ends its input at a NUL byte, so bytes after one would go unread; the format
+  // pads only with trailing spaces, and JSON itself has no place for a raw NUL.
+  if (const auto nul = json.find('\0'); nul != std::string_view::npos)
+    throw error(errc::corrupt_payload,
+                file + ": NUL byte at byte " + std::to_string(nul) + " of the " +
+                    std::to_string(json.size()) +
+                    "-byte JSON header (file offset " + std::to_string(8 + nul) +
+                    "); a header may be padded only with trailing spaces");
   // Top-level duplicates: parse keeps the last; count the keys of the top object separately.
   std::vector<std::string> top_keys;
   std::optional<std::string> nested_duplicate;
@@ -204,6 +232,7 @@ inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
   std::optional<safetensors_metadata> metadata;
   std::vector<safetensors_entry> tensors;
   tensors.reserve(doc.size());
+  std::uint64_t needed = 0;  // bytes of data buffer the tensors' offsets reach
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& name = it.key();
     const nlohmann::json& v = it.value();
@@ -273,9 +302,7 @@ inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
                 at + ": \"data_offsets\" " + offsets.dump() + " are not non-negative integers");
     DCR_EXPECTS(e.begin <= e.end, errc::corrupt_payload,
                 at + ": \"data_offsets\" " + offsets.dump() + " begin after they end");
-    DCR_EXPECTS(e.end <= buffer_size, errc::out_of_range,
-                at + ": \"data_offsets\" " + offsets.dump() + " end beyond the " +
-                    std::to_string(buffer_size) + "-byte data buffer");
+    needed = std::max(needed, e.end);
     DCR_EXPECTS(e.end - e.begin == numel * word, errc::shape_mismatch,
                 at + ": " + std::to_string(e.end - e.begin) + " bytes, but " +
                     std::to_string(numel) + " elements of " + std::string(dtype_name(e.type)) +
@@ -283,6 +310,12 @@ inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
     tensors.push_back(std::move(e));
   }
 
+  // Offsets beyond the buffer: the file ends early (checked once all offsets are known, so the
+  // message gives the size the header implies).
+  DCR_EXPECTS(needed <= buffer_size, errc::truncated_payload,
+              file + " is truncated: its header says " + std::to_string(needed) +
+                  " bytes of tensor data follow the " + std::to_string(8 + json.size()) +
+                  "-byte header, the file has " + std::to_string(buffer_size));
   // In offset order the tensors must tile the buffer: each begins where the previous ended.
   std::stable_sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
@@ -313,15 +346,18 @@ inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
                                                           std::string_view where) {
   const std::string file(where);
   DCR_EXPECTS(file_bytes.size() >= 8, errc::truncated_payload,
-              file + ": " + std::to_string(file_bytes.size()) +
+              file + " is not a safetensors file: " + std::to_string(file_bytes.size()) +
                   " bytes, shorter than the 8-byte header length");
   const auto n = dcr::detail::load_le<std::uint64_t>(file_bytes.data());
   DCR_EXPECTS(n <= safetensors_max_header_size, errc::overflow,
-              file + ": header length " + std::to_string(n) + " exceeds the limit of " +
-                  std::to_string(safetensors_max_header_size) + " bytes");
+              file + " is not a safetensors file: its first 8 bytes " +
+                  detail::printable(file_bytes.first(8)) + " read as a header length of " +
+                  std::to_string(n) + " bytes, beyond the format's limit of " +
+                  std::to_string(safetensors_max_header_size));
   DCR_EXPECTS(n <= file_bytes.size() - 8, errc::truncated_payload,
-              file + ": header length " + std::to_string(n) + " but only " +
-                  std::to_string(file_bytes.size() - 8) + " bytes follow it");
+              file + " is truncated: its header length says " + std::to_string(n) +
+                  " bytes of JSON, the file has " + std::to_string(file_bytes.size() - 8) +
+                  " after the length");
   const std::string_view json(reinterpret_cast<const char*>(file_bytes.data() + 8),
                               static_cast<std::size_t>(n));
   return parse_safetensors_header(json, file_bytes.size() - 8 - n, where);
