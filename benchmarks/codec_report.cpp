@@ -1290,7 +1290,7 @@ void print_json(const options& o, const machine_info& mi, const std::vector<tabl
            {"verified", s.verified},
            {"library", std::move(library)}});
     }
-  std::printf("%s\n", out.dump(2).c_str());
+  std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
 }
 
 bool all_verified(const std::vector<table2_row>& t2, const std::optional<stress_results>& st) {
