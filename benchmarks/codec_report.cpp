@@ -14,7 +14,7 @@
 //      safetensors files under /tmp), with wall, calling-thread and process CPU times.
 //
 // dcr is measured only through its public API (detect_changes, detect_and_gather,
-// choose_encoding, payload_encoder / payload_decoder, visit_encoding, checkpoint_differ,
+// encode_gathered_item, payload_encoder / payload_decoder, visit_encoding, checkpoint_differ,
 // diff_checkpoints, delta_file), so the report follows the codec as it improves. The baselines are in codec_workloads.hpp, independent of dcr's codec, and every
 // baseline and dcr payload is decoded back and compared with the new words before its size is
 // reported. Exit status 1 when any round trip fails. Markdown on stdout (or JSON with --json),
@@ -26,9 +26,12 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -44,7 +47,7 @@
 #include "codec_workloads.hpp"
 #include "dcr/apply/record.hpp"
 #include "dcr/canonical.hpp"
-#include "dcr/codec/choose.hpp"
+#include "dcr/codec/encode_item.hpp"
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/values.hpp"
@@ -194,8 +197,8 @@ void apply_items(std::span<const dcr::item> items,
 }
 
 struct diff_stages {
-  double detect_gather = 0, choose = 0, values = 0, encode = 0;
-  [[nodiscard]] double total() const { return detect_gather + choose + values + encode; }
+  double detect_gather = 0, item = 0, encode = 0;  // item: encode_gathered_item
+  [[nodiscard]] double total() const { return detect_gather + item + encode; }
 };
 struct apply_stages {
   double decode = 0, scatter = 0;
@@ -244,8 +247,9 @@ class dcr_codec {
     for (dcr::tensor_id id = 0; id < spans_.size(); ++id) {
       const auto [off, len] = spans_[id];
       // One pass: the changed indices into the item, their old words into its values (turned
-      // into the encoding's values in place below), their new words beside it. The item's
-      // buffers are reused from the last diff, so nothing is allocated once warm.
+      // into the encoding's values in place by encode_gathered_item, as the library's differ
+      // and owner do), their new words beside it. The item's buffers are reused from the last
+      // diff, so nothing is allocated once warm.
       auto t = clock_type::now();
       dcr::item& it = items_[used];
       it.indices.clear();
@@ -255,24 +259,13 @@ class dcr_codec {
                                             new_words.subspan(off, len), it.indices, it.values,
                                             new_gathered_);
       s.detect_gather += seconds_since(t);
-      const std::size_t k = it.count();
-      if (k == 0) continue;
-      auto* const og = reinterpret_cast<std::uint16_t*>(it.values.data());
-      const std::span<const std::uint16_t> old_span(og, k), new_span(new_gathered_.data(), k);
-      t = clock_type::now();
-      const dcr::encoding enc = dcr::choose_encoding<std::uint16_t>(
-          dcr::encoding_policy::mixed, true, old_span, new_span, encoder_.options());
-      s.choose += seconds_since(t);
+      if (it.count() == 0) continue;
       t = clock_type::now();
       it.tensor = id;
       it.type = dcr::dtype::bf16;
-      it.enc = enc;
-      dcr::visit_encoding(enc, [&](auto e) {
-        using E = decltype(e);
-        const std::uint16_t* ng = new_gathered_.data();
-        for (std::size_t j = 0; j < k; ++j) og[j] = E::encode(og[j], ng[j]);
-      });
-      s.values += seconds_since(t);
+      const dcr::encoding enc = dcr::encode_gathered_item<std::uint16_t>(
+          it, new_gathered_, dcr::encoding_policy::mixed, true, encoder_.options());
+      s.item += seconds_since(t);
       ++used;
       ++encodings_[encoding_name(enc)];
     }
@@ -1142,8 +1135,8 @@ void print_markdown(const options& o, const machine_info& mi, const std::vector<
     std::printf("GB/s of checkpoint = old array bytes / CPU second of the thread (CPU / wall "
                 "near 1 means the thread had its core to itself). compare = plain loop counting "
                 "differing u16 words. diff (one thread) = the codec through its public API on the "
-                "calling thread: detect_and_gather + choose_encoding + values in place + "
-                "payload_encoder::encode (locations, values, zstd), one payload. apply = decode "
+                "calling thread: detect_and_gather + encode_gathered_item (choose_encoding, "
+                "values in place) + payload_encoder::encode (locations, values, zstd), one payload. apply = decode "
                 "(incl. zstd) + write new words into a copy of old. Targets at 3%%: diff >= 0.60 x "
                 "compare (judged on the library diff below, which may use a second thread); apply "
                 ">= 1 GB/s.\n\n");
@@ -1188,21 +1181,20 @@ void print_markdown(const options& o, const machine_info& mi, const std::vector<
                 "decompressing the payload's streams, timed apart.)\n\n");
     std::printf("detect alone: detect_changes over the same tensors outside the diff (for "
                 "scale). detect + gather: detect_and_gather, the changed indices and their old "
-                "and new words in one pass. values: the encoding's values computed in place over "
-                "the gathered old words.\n\n");
-    std::printf("| rate | compare loop | detect alone | detect + gather | choose | values | "
+                "and new words in one pass. choose + values: encode_gathered_item, the encoding "
+                "chosen and its values computed in place over the gathered old words.\n\n");
+    std::printf("| rate | compare loop | detect alone | detect + gather | choose + values | "
                 "encode | zstd inside encode | diff total | decode | zstd inside decode | "
                 "scatter | apply total "
-                "|\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                "|\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const auto& s : st->speeds) {
       const auto cell = [](double v, double total) {
         return format("%.1f (%.0f%%)", v * 1e3, 100 * v / total);
       };
       const double dt = s.diff.total(), at = s.apply.total();
-      std::printf("| %.0f%% | %.1f | %.1f | %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1f "
-                  "|\n",
+      std::printf("| %.0f%% | %.1f | %.1f | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1f |\n",
                   s.rate * 100, s.compare_s * 1e3, s.detect_alone_s * 1e3,
-                  cell(s.diff.detect_gather, dt).c_str(), cell(s.diff.choose, dt).c_str(), cell(s.diff.values, dt).c_str(),
+                  cell(s.diff.detect_gather, dt).c_str(), cell(s.diff.item, dt).c_str(),
                   cell(s.diff.encode, dt).c_str(), cell(s.zstd_compress_s, dt).c_str(), dt * 1e3,
                   cell(s.apply.decode, at).c_str(), cell(s.zstd_decompress_s, at).c_str(),
                   cell(s.apply.scatter, at).c_str(), at * 1e3);
@@ -1211,93 +1203,94 @@ void print_markdown(const options& o, const machine_info& mi, const std::vector<
   }
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += format("\\u%04x", c);
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
-
 void print_json(const options& o, const machine_info& mi, const std::vector<table2_row>& t2,
                 const std::optional<stress_results>& st) {
-  std::printf("{\n  \"options\": {\"elements\": %zu, \"tensor_elements\": %zu, "
-              "\"table2_elements\": %zu, \"reps\": %d, \"zstd_level\": %d, \"seed\": %llu},\n",
-              o.elements, o.tensor_elements, o.table2_elements, o.reps, o.zstd_level,
-              static_cast<unsigned long long>(o.seed));
-  std::printf("  \"machine\": {\"cpu\": %s, \"cores\": %s, \"memory\": %s, \"compiler\": %s, "
-              "\"zstd\": %s, \"zstd_cli\": %s, \"xdelta3\": %s, \"load_start\": %s, "
-              "\"load_end\": %s},\n",
-              json_string(mi.cpu).c_str(), mi.cores.c_str(), json_string(mi.memory).c_str(),
-              json_string(mi.compiler).c_str(), json_string(mi.zstd_lib).c_str(),
-              json_string(mi.zstd_cli).c_str(), json_string(mi.xdelta).c_str(),
-              json_string(mi.load_start).c_str(), json_string(mi.load_end).c_str());
-  std::printf("  \"table2\": [");
+  using json = nlohmann::ordered_json;
+  json out;
+  out["options"] = {{"elements", o.elements},   {"tensor_elements", o.tensor_elements},
+                    {"table2_elements", o.table2_elements}, {"reps", o.reps},
+                    {"zstd_level", o.zstd_level}, {"seed", o.seed}};
+  out["machine"] = {{"cpu", mi.cpu},
+                    {"cores", std::stoll(mi.cores)},
+                    {"memory", mi.memory},
+                    {"compiler", mi.compiler},
+                    {"zstd", mi.zstd_lib},
+                    {"zstd_cli", mi.zstd_cli},
+                    {"xdelta3", mi.xdelta},
+                    {"load_start", mi.load_start},
+                    {"load_end", mi.load_end}};
+  json& table2 = out["table2"] = json::array();
   for (std::size_t r = 0; r < t2.size(); ++r) {
     const auto& row = t2[r];
-    std::printf("%s\n    {\"a\": %g, \"changed\": %zu, \"overwrite_bytes\": %zu, \"xor_bytes\": "
-                "%zu, \"paper_overwrite_mb\": %g, \"paper_xor_mb\": %g, \"xor_entropy_bytes\": "
-                "%.0f, \"ulp_entropy_bytes\": %.0f, \"dcr_encoding\": %s, \"dcr_value_bytes\": "
-                "%zu, \"dcr_location_bytes\": %zu, \"paper_xor_over_dcr\": %.4f, \"verified\": "
-                "%s}",
-                r ? "," : "", row.a, row.changed, row.overwrite_bytes, row.xor_bytes,
-                paper_row(r, o.table2_elements).overwrite_mb,
-                paper_row(r, o.table2_elements).xor_mb, row.xor_entropy_bytes,
-                row.ulp_entropy_bytes, json_string(row.ours_encoding).c_str(),
-                row.ours_value_bytes, row.ours_location_bytes,
-                paper_row(r, o.table2_elements).xor_mb / mb(row.ours_value_bytes),
-                row.verified ? "true" : "false");
+    const auto paper = paper_row(r, o.table2_elements);
+    table2.push_back({{"a", row.a},
+                      {"changed", row.changed},
+                      {"overwrite_bytes", row.overwrite_bytes},
+                      {"xor_bytes", row.xor_bytes},
+                      {"paper_overwrite_mb", paper.overwrite_mb},
+                      {"paper_xor_mb", paper.xor_mb},
+                      {"xor_entropy_bytes", std::round(row.xor_entropy_bytes)},
+                      {"ulp_entropy_bytes", std::round(row.ulp_entropy_bytes)},
+                      {"dcr_encoding", row.ours_encoding},
+                      {"dcr_value_bytes", row.ours_value_bytes},
+                      {"dcr_location_bytes", row.ours_location_bytes},
+                      {"paper_xor_over_dcr", paper.xor_mb / mb(row.ours_value_bytes)},
+                      {"verified", row.verified}});
   }
-  std::printf("\n  ],\n  \"stress\": [");
+  json& stress = out["stress"] = json::array();
   if (st && o.stress)
-    for (std::size_t r = 0; r < st->sizes.size(); ++r) {
-      const auto& row = st->sizes[r];
-      std::printf("%s\n    {\"rate\": %g, \"picked\": %zu, \"changed\": %zu, "
-                  "\"index_entropy_bytes\": %.0f, \"value_entropy_bytes\": %.0f, \"methods\": [",
-                  r ? "," : "", row.rate, row.picked, row.changed, row.index_entropy_bytes,
-                  row.value_entropy_bytes);
-      for (std::size_t k = 0; k < row.methods.size(); ++k) {
-        const auto& m = row.methods[k];
-        std::printf("%s\n      {\"name\": %s, \"bytes\": %zu, \"cpu_seconds\": %.6f, "
-                    "\"wall_seconds\": %.6f, \"verified\": %s, \"note\": %s}",
-                    k ? "," : "", json_string(m.name).c_str(), m.bytes, m.seconds, m.wall_seconds,
-                    m.verified ? "true" : "false", json_string(m.note).c_str());
-      }
-      std::printf("]}");
+    for (const auto& row : st->sizes) {
+      json methods = json::array();
+      for (const auto& m : row.methods)
+        methods.push_back({{"name", m.name},
+                           {"bytes", m.bytes},
+                           {"cpu_seconds", m.seconds},
+                           {"wall_seconds", m.wall_seconds},
+                           {"verified", m.verified},
+                           {"note", m.note}});
+      stress.push_back({{"rate", row.rate},
+                        {"picked", row.picked},
+                        {"changed", row.changed},
+                        {"index_entropy_bytes", std::round(row.index_entropy_bytes)},
+                        {"value_entropy_bytes", std::round(row.value_entropy_bytes)},
+                        {"methods", std::move(methods)}});
     }
-  std::printf("\n  ],\n  \"throughput\": [");
+  json& throughput = out["throughput"] = json::array();
   if (st)
-    for (std::size_t r = 0; r < st->speeds.size(); ++r) {
-      const auto& s = st->speeds[r];
-      std::printf("%s\n    {\"rate\": %g, \"compare_s\": %.6f, \"diff_s\": %.6f, "
-                  "\"diff_wall_s\": %.6f, \"apply_s\": %.6f, \"detect_alone_s\": %.6f, "
-                  "\"diff_stages_s\": {\"detect_gather\": %.6f, \"choose\": %.6f, \"values\": %.6f, \"encode\": %.6f}, \"apply_stages_s\": {\"decode\": "
-                  "%.6f, \"scatter\": %.6f}, \"zstd_compress_s\": %.6f, \"zstd_decompress_s\": %.6f, "
-                  "\"compare_wall_s\": %.6f, \"verified\": %s, \"library\": [",
-                  r ? "," : "", s.rate, s.compare_s, s.diff_s, s.diff_wall_s, s.apply_s,
-                  s.detect_alone_s, s.diff.detect_gather, s.diff.choose, s.diff.values,
-                  s.diff.encode, s.apply.decode, s.apply.scatter, s.zstd_compress_s,
-                  s.zstd_decompress_s, s.compare_wall_s, s.verified ? "true" : "false");
-      for (std::size_t k = 0; k < s.library.size(); ++k) {
-        const auto& l = s.library[k];
-        std::printf("%s\n      {\"name\": %s, \"threads\": %d, \"note\": %s, \"payloads\": "
-                    "%zu, \"bytes\": %zu, \"verified\": %s, \"runs\": [",
-                    k ? "," : "", json_string(l.name).c_str(), l.threads,
-                    json_string(l.note).c_str(), l.payloads, l.bytes,
-                    l.verified ? "true" : "false");
-        for (std::size_t q = 0; q < l.runs.size(); ++q)
-          std::printf("%s{\"wall_s\": %.6f, \"main_cpu_s\": %.6f, \"process_cpu_s\": %.6f}",
-                      q ? ", " : "", l.runs[q].wall, l.runs[q].main_cpu, l.runs[q].process_cpu);
-        std::printf("]}");
+    for (const auto& s : st->speeds) {
+      json library = json::array();
+      for (const auto& l : s.library) {
+        json runs = json::array();
+        for (const auto& q : l.runs)
+          runs.push_back(
+              {{"wall_s", q.wall}, {"main_cpu_s", q.main_cpu}, {"process_cpu_s", q.process_cpu}});
+        library.push_back({{"name", l.name},
+                           {"threads", l.threads},
+                           {"note", l.note},
+                           {"payloads", l.payloads},
+                           {"bytes", l.bytes},
+                           {"verified", l.verified},
+                           {"runs", std::move(runs)}});
       }
-      std::printf("]}");
+      throughput.push_back(
+          {{"rate", s.rate},
+           {"compare_s", s.compare_s},
+           {"diff_s", s.diff_s},
+           {"diff_wall_s", s.diff_wall_s},
+           {"apply_s", s.apply_s},
+           {"detect_alone_s", s.detect_alone_s},
+           {"diff_stages_s",
+            {{"detect_gather", s.diff.detect_gather},
+             {"choose_values", s.diff.item},
+             {"encode", s.diff.encode}}},
+           {"apply_stages_s", {{"decode", s.apply.decode}, {"scatter", s.apply.scatter}}},
+           {"zstd_compress_s", s.zstd_compress_s},
+           {"zstd_decompress_s", s.zstd_decompress_s},
+           {"compare_wall_s", s.compare_wall_s},
+           {"verified", s.verified},
+           {"library", std::move(library)}});
     }
-  std::printf("\n  ]\n}\n");
+  std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
 }
 
 bool all_verified(const std::vector<table2_row>& t2, const std::optional<stress_results>& st) {

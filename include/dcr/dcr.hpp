@@ -13,6 +13,7 @@
 #include "dcr/detect/detect.hpp"
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/values.hpp"
+#include "dcr/codec/encode_item.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/apply/loader.hpp"
 #include "dcr/apply/sink.hpp"

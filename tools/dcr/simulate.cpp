@@ -3,6 +3,8 @@
 
 #include <fmt/core.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -22,6 +24,7 @@ namespace dcr_tool {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+using ojson = nlohmann::ordered_json;  // keys in the order written
 double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
 }
@@ -146,19 +149,6 @@ struct step_result {
   double verify_seconds = 0;
   double wall_seconds = 0;
 };
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      o += fmt::format("\\u{:04x}", static_cast<int>(c));
-      continue;
-    }
-    o += c;
-  }
-  return o;
-}
 
 const char* policy_name(dcr::encoding_policy p) {
   switch (p) {
@@ -359,10 +349,11 @@ int simulate_main(const std::vector<std::string>& argv) {
     } catch (const dcr::error& e) {
       if (e.dcr_code() != dcr::errc::device_error) throw;
       if (json)
-        fmt::print("{{\"error\": {{\"code\": \"device_error\", \"message\": \"{}\"}}, "
-                   "\"device\": \"{}\", \"exit_status\": {}}}\n",
-                   json_escape(message_of(e)), dcr::exec::device_name(ps.device),
-                   device_unavailable_status);
+        fmt::print("{}\n",
+                   ojson{{"error", {{"code", "device_error"}, {"message", message_of(e)}}},
+                         {"device", dcr::exec::device_name(ps.device)},
+                         {"exit_status", device_unavailable_status}}
+                       .dump(-1, ' ', false, ojson::error_handler_t::replace));
       fmt::print(stderr, "dcr simulate: error [{}]: {}\n", e.code().message(), message_of(e));
       return device_unavailable_status;
     }
@@ -498,36 +489,41 @@ int simulate_main(const std::vector<std::string>& argv) {
 
   // ---- Report.
   if (json) {
-    std::string out = "{\n";
-    out += fmt::format("  \"checkpoint_bytes\": {},\n  \"canonical_tensors\": {},\n", checkpoint_bytes,
-                       registry.size());
-    out += fmt::format("  \"config\": {{\"dtype\": \"{}\", \"layers\": {}, \"hidden\": {}, \"experts\": {}, "
-                       "\"trainer_tp\": {}, \"trainer_dp\": {}, \"receiver_tp\": {}, \"change_rate\": {}, "
-                       "\"seed\": {}, \"encoding\": \"{}\", \"zstd_level\": {}, "
-                       "\"trainer_layout\": \"{}\", \"engine_layout\": \"{}\", "
-                       "\"tie_embeddings\": \"{}\", \"apply_path\": \"{}\"}},\n",
-                       dcr::dtype_name(config.type), config.layers, config.hidden, config.experts,
-                       trainer_tp, trainer_dp, receiver_tp, rate, seed,
-                       policy_name(options.policy), level, dcr::sim::layout_name(trainer_layout),
-                       dcr::sim::layout_name(engine_layout), dcr::sim::tie_name(tie),
-                       apply_path_text);
-    out += fmt::format("  \"apply_path\": \"{}\",\n  \"affine_share\": {:.6f},\n"
-                       "  \"coverage\": {{\"affine_bytes\": {}, \"residual_bytes\": {}, "
-                       "\"uncovered_bytes\": {}}},\n  \"residual_tasks\": {},\n"
-                       "  \"overwrite_only_tensors\": {},\n",
-                       apply_path_text, coverage.affine_share(), coverage.affine_bytes,
-                       coverage.residual_bytes, coverage.uncovered_bytes, residual_tasks,
-                       overwrite_only.size());
-    out += fmt::format("  \"device\": {{\"requested\": \"{}\", \"description\": \"{}\"}},\n",
-                       dcr::exec::device_name(ps.device), json_escape(ps.device_description));
-    out += fmt::format("  \"stage_devices\": {{\"detect\": \"{0}\", \"project\": \"{0}\", "
-                       "\"tracker_update\": \"{0}\", \"residual\": \"cpu\", \"encode\": \"cpu\", "
-                       "\"compress\": \"cpu\", \"decode\": \"cpu\", \"apply\": \"{1}\", "
-                       "\"verify\": \"cpu\"}},\n",
-                       detect_on, apply_on);
-    out += fmt::format("  \"setup_seconds\": {:.6f},\n  \"steps\": [", setup_seconds);
-    for (std::size_t k = 0; k < results.size(); ++k) {
-      const auto& r = results[k];
+    ojson out;
+    out["checkpoint_bytes"] = checkpoint_bytes;
+    out["canonical_tensors"] = registry.size();
+    out["config"] = {{"dtype", std::string(dcr::dtype_name(config.type))},
+                     {"layers", config.layers},
+                     {"hidden", config.hidden},
+                     {"experts", config.experts},
+                     {"trainer_tp", trainer_tp},
+                     {"trainer_dp", trainer_dp},
+                     {"receiver_tp", receiver_tp},
+                     {"change_rate", rate},
+                     {"seed", seed},
+                     {"encoding", policy_name(options.policy)},
+                     {"zstd_level", level},
+                     {"trainer_layout", dcr::sim::layout_name(trainer_layout)},
+                     {"engine_layout", dcr::sim::layout_name(engine_layout)},
+                     {"tie_embeddings", dcr::sim::tie_name(tie)},
+                     {"apply_path", apply_path_text}};
+    out["apply_path"] = apply_path_text;
+    out["affine_share"] = coverage.affine_share();
+    out["coverage"] = {{"affine_bytes", coverage.affine_bytes},
+                       {"residual_bytes", coverage.residual_bytes},
+                       {"uncovered_bytes", coverage.uncovered_bytes}};
+    out["residual_tasks"] = residual_tasks;
+    out["overwrite_only_tensors"] = overwrite_only.size();
+    out["device"] = {{"requested", dcr::exec::device_name(ps.device)},
+                     {"description", ps.device_description}};
+    out["stage_devices"] = {{"detect", detect_on}, {"project", detect_on},
+                            {"tracker_update", detect_on}, {"residual", "cpu"},
+                            {"encode", "cpu"},     {"compress", "cpu"},
+                            {"decode", "cpu"},     {"apply", apply_on},
+                            {"verify", "cpu"}};
+    out["setup_seconds"] = setup_seconds;
+    ojson& steps_json = out["steps"] = ojson::array();
+    for (const auto& r : results) {
       std::uint64_t bytes = 0, payloads = 0;
       for (const auto& a : r.report.attempts) {
         bytes += a.payload_bytes;
@@ -535,34 +531,39 @@ int simulate_main(const std::vector<std::string>& argv) {
       }
       const auto& last = r.report.attempts.back();
       const std::uint64_t changed = changed_elements(last);
-      out += fmt::format(
-          "{}\n    {{\"step\": {}, \"bit_exact\": {}, \"committed\": {}, \"attempts\": {}, "
-          "\"payloads\": {}, \"payload_bytes\": {}, \"changed_elements\": {}, "
-          "\"residual_changed_elements\": {}, \"records\": {}, \"residual_items\": {}, "
-          "\"forced_overwrite_items\": {}, "
-          "\"bytes_per_changed\": {:.6f}, \"ratio_to_checkpoint\": {:.8f}, "
-          "\"seconds\": {{\"detect\": {:.6f}, \"project\": {:.6f}, \"residual\": {:.6f}, "
-          "\"encode\": {:.6f}, \"compress\": {:.6f}, \"apply\": {:.6f}, \"commit\": {:.6f}, "
-          "\"verify\": {:.6f}, \"step\": {:.6f}}}, \"failures\": [",
-          k ? "," : "", r.step, r.bit_exact, r.committed, r.report.attempts.size(), payloads,
-          bytes, changed, last.residual_changed_elements, last.records, last.residual_items,
-          last.forced_overwrite_items,
-          changed ? static_cast<double>(bytes) / changed : 0.0,
-          static_cast<double>(bytes) / checkpoint_bytes, last.detect_seconds, last.project_seconds,
-          residual_seconds(last), last.encode_seconds, last.compress_seconds, last.apply_seconds,
-          last.commit_seconds, r.verify_seconds, r.wall_seconds);
-      bool first = true;
+      ojson failures = ojson::array();
       for (const auto& a : r.report.attempts)
-        if (!a.failure.empty()) {
-          out += fmt::format("{}\"{}\"", first ? "" : ", ", json_escape(a.failure));
-          first = false;
-        }
-      out += "]";
-      if (!r.mismatch.empty()) out += fmt::format(", \"mismatch\": \"{}\"", json_escape(r.mismatch));
-      out += "}";
+        if (!a.failure.empty()) failures.push_back(a.failure);
+      ojson step{{"step", r.step},
+                 {"bit_exact", r.bit_exact},
+                 {"committed", r.committed},
+                 {"attempts", r.report.attempts.size()},
+                 {"payloads", payloads},
+                 {"payload_bytes", bytes},
+                 {"changed_elements", changed},
+                 {"residual_changed_elements", last.residual_changed_elements},
+                 {"records", last.records},
+                 {"residual_items", last.residual_items},
+                 {"forced_overwrite_items", last.forced_overwrite_items},
+                 {"bytes_per_changed", changed ? static_cast<double>(bytes) / changed : 0.0},
+                 {"ratio_to_checkpoint", static_cast<double>(bytes) / checkpoint_bytes},
+                 {"seconds",
+                  {{"detect", last.detect_seconds},
+                   {"project", last.project_seconds},
+                   {"residual", residual_seconds(last)},
+                   {"encode", last.encode_seconds},
+                   {"compress", last.compress_seconds},
+                   {"apply", last.apply_seconds},
+                   {"commit", last.commit_seconds},
+                   {"verify", r.verify_seconds},
+                   {"step", r.wall_seconds}}},
+                 {"failures", std::move(failures)}};
+      if (!r.mismatch.empty()) step["mismatch"] = r.mismatch;
+      steps_json.push_back(std::move(step));
     }
-    out += fmt::format("\n  ],\n  \"all_bit_exact\": {}\n}}\n", all_ok);
-    fmt::print("{}", out);
+    out["all_bit_exact"] = all_ok;
+    // Invalid UTF-8 in a message (bytes from a payload, say) becomes U+FFFD, never an exception.
+    fmt::print("{}\n", out.dump(2, ' ', false, ojson::error_handler_t::replace));
   } else if (!results.empty()) {
     std::uint64_t changed = 0, bytes = 0, records = 0;
     double detect = 0, project = 0, residual = 0, encode = 0, compress = 0, apply = 0, commit = 0,

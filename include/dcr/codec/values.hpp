@@ -179,6 +179,19 @@ decltype(auto) visit_encoding(encoding e, F&& f) {
               "encoding " + std::to_string(static_cast<int>(e)) + " is not supported by this build");
 }
 
+/// out[i] = E::encode(old_bits[i], new_bits[i]) for the policy type E of `enc`, for every i below
+/// out.size() (the three spans have that length; not re-checked). `out` may be `old_bits` itself
+/// (values computed in place over gathered old words). The one loop that turns gathered words
+/// into an item's values; throws unsupported_version for an encoding this build lacks.
+template <storage_word W>
+void encode_words(encoding enc, std::span<const W> old_bits, std::span<const W> new_bits,
+                  std::span<W> out) {
+  visit_encoding(enc, [&](auto e) {
+    using E = decltype(e);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = E::encode(old_bits[i], new_bits[i]);
+  });
+}
+
 /// Builds an item of `count = sorted_indices.size()` records for tensor `tensor` of type `type`,
 /// its values in encoding `enc` (E::encode(old_bits[i], new_bits[i]) for the encoding's policy
 /// type E: new bits, xor mask or ulp delta). `old_bits` and `new_bits` are gathered: entry i is
@@ -211,11 +224,7 @@ template <storage_word W>
   it.enc = enc;
   it.indices.assign(sorted_indices.begin(), sorted_indices.end());
   it.values.resize(sorted_indices.size() * sizeof(W));
-  auto out = it.words<W>();
-  visit_encoding(enc, [&](auto e) {
-    using E = decltype(e);
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = E::encode(old_bits[i], new_bits[i]);
-  });
+  encode_words<W>(enc, old_bits, new_bits, it.words<W>());
   return it;
 }
 

@@ -40,7 +40,7 @@
 
 #include "dcr/apply/record.hpp"
 #include "dcr/canonical.hpp"
-#include "dcr/codec/choose.hpp"
+#include "dcr/codec/encode_item.hpp"
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/values.hpp"
@@ -511,23 +511,17 @@ class checkpoint_differ {
     return ++prefault_id_ < prefault_tensors_.size();
   }
 
-  // Chooses each item's encoding, turns its gathered words into values in place, encodes the
-  // payload and hands it to on_payload_.
+  // Turns each item's gathered words into values in its chosen encoding (encode_gathered_item),
+  // encodes the payload and hands it to on_payload_.
   void encode_slot(slot& s) {
     const auto t0 = detail::clock::now();
     for (std::size_t i = 0; i < s.used; ++i) {
       item& it = s.items[i];
       const std::size_t count = it.count();
       visit_word(it.word_bytes(), [&]<class W>(W) {
-        const std::span<const W> old_words(reinterpret_cast<const W*>(it.values.data()), count);
-        const std::span<const W> new_words(reinterpret_cast<const W*>(s.new_words[i].data()),
-                                           count);
-        it.enc = choose_encoding<W>(options_.policy, true, old_words, new_words, codec_);
-        W* out = reinterpret_cast<W*>(it.values.data());  // old_words, overwritten in place
-        visit_encoding(it.enc, [&](auto e) {
-          using E = decltype(e);
-          for (std::size_t j = 0; j < count; ++j) out[j] = E::encode(old_words[j], new_words[j]);
-        });
+        encode_gathered_item<W>(
+            it, {reinterpret_cast<const W*>(s.new_words[i].data()), count}, options_.policy,
+            true, codec_);
       });
       ++worker_stats_.items;
       const auto e = static_cast<std::size_t>(it.enc);

@@ -29,7 +29,7 @@
 #include <iterator>
 #include <map>
 
-#include "dcr/codec/choose.hpp"
+#include "dcr/codec/encode_item.hpp"
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/values.hpp"
@@ -268,7 +268,7 @@ class owner {
   /// Compares candidates[i] with the tracker of tasks()[i], rebuilds the residual outputs whose
   /// inputs changed and compares them with the residual baseline, and emits one item per
   /// canonical tensor touched, in tensor id order, with sorted indices (all chunks at once; see
-  /// build_chunk for the contract of `mode`). Encodings (see dcr::choose_encoding): residual
+  /// build_chunk for the contract of `mode`). Encodings (see dcr::encode_gathered_item): residual
   /// items, dense items and affine items of overwrite-only tensors are overwrites; other affine
   /// items are deltas only where `policy` permits and every contributing task is
   /// delta_encodable, the encoding chosen per item (`codec` tunes the estimate). Remembers the
@@ -385,13 +385,16 @@ class owner {
       const bool forced = !residual && overwrite_only_[slot] != 0;
       const bool delta_permitted =
           !residual && !forced && r.delta_encodable && mode == build_mode::changes;
+      item it;
+      it.tensor = target;
+      it.type = t.type;
+      it.indices = r.indices;
+      it.values = r.old_bytes;  // the gathered old words, turned into values in place
       visit_word(dtype_size(t.type), [&](auto w) {
         using W = decltype(w);
-        const encoding enc = dcr::choose_encoding<W>(policy, delta_permitted, r.old_words<W>(),
-                                                     r.new_words<W>(), codec);
-        items_.push_back(make_item<W>(targets_[slot], t.type, enc, r.indices, r.old_words<W>(),
-                                      r.new_words<W>()));
+        encode_gathered_item<W>(it, r.new_words<W>(), policy, delta_permitted, codec);
       });
+      items_.push_back(std::move(it));
       stats_.residual_items += residual ? 1 : 0;
       stats_.forced_overwrite_items += forced && r.delta_encodable ? 1 : 0;
     }
@@ -481,9 +484,6 @@ class owner {
       old_bytes.clear();
       new_bytes.clear();
       delta_encodable = true;
-    }
-    template <storage_word W> std::span<const W> old_words() const {
-      return {reinterpret_cast<const W*>(old_bytes.data()), indices.size()};
     }
     template <storage_word W> std::span<const W> new_words() const {
       return {reinterpret_cast<const W*>(new_bytes.data()), indices.size()};
