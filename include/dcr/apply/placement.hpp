@@ -23,7 +23,9 @@
 //   * two loads of the same tensor issue the same copies (determinism);
 //   * no destination element receives two different canonical elements. Writes are compared
 //     byte-exactly across all tensors (copies grouped by overlapping address windows, then a
-//     bitmap of the written bytes of each group). Two writes of the same canonical element
+//     bitmap of the written bytes of each group, over the group's window when the writes fill
+//     it, else over only the 64-unit blocks they touch: memory follows the elements placed, not
+//     the address span, when one tensor's parts lie in allocations far apart). Two writes of the same canonical element
 //     (same tensor, same index, same transform) into the same destination element are allowed
 //     and make the tensor overwrite-only (an xor applied twice would cancel). The same
 //     destination element written by element i of two *different* tensors of the same dtype
@@ -286,7 +288,48 @@ inline void classify_repeat(const tensor_registry& reg, overlap_marks& marks, co
                   "tensor, may be written twice)");
 }
 
-/// Byte-exact analysis of the records of one address-window cluster that may overlap.
+/// Bit slots for the destination units of one cluster, in memory proportional to the units its
+/// records write, however far apart they lie: one bit per unit of the cluster's whole window when
+/// the writes fill at least 1/8 of it, else one bit per unit of only the 64-unit blocks they touch
+/// (sorted block numbers, found by binary search from the last block hit). A loader may copy one
+/// tensor's parts into allocations far apart with another tensor in the gap; their cluster's
+/// window then spans the gap, which a bitmap over the window would have to cover.
+class unit_slots {
+ public:
+  /// Slots for every unit of a window of `units` units.
+  void cover_window(std::uint64_t units) {
+    window_ = true;
+    blocks_.clear();
+    words_ = static_cast<std::size_t>((units + 63) / 64);
+  }
+  /// Slots for the units of the 64-unit blocks in `blocks` (sorted, unique) only.
+  void cover_blocks(std::vector<std::uint64_t>&& blocks) {
+    window_ = false;
+    blocks_ = std::move(blocks);
+    words_ = blocks_.size();
+    last_ = 0;
+  }
+  /// Number of 64-bit words a bitmap over the slots needs.
+  [[nodiscard]] std::size_t words() const noexcept { return words_; }
+  /// The bitmap word that holds unit `u` (a unit of a covered block).
+  [[nodiscard]] std::size_t word_of(std::uint64_t u) noexcept {
+    const std::uint64_t b = u / 64;
+    if (window_) return static_cast<std::size_t>(b);
+    if (blocks_[last_] != b)
+      last_ = static_cast<std::size_t>(std::lower_bound(blocks_.begin(), blocks_.end(), b) -
+                                       blocks_.begin());
+    return last_;
+  }
+
+ private:
+  bool window_ = true;
+  std::vector<std::uint64_t> blocks_;
+  std::size_t words_ = 0;
+  std::size_t last_ = 0;
+};
+
+/// Byte-exact analysis of the records of one address-window cluster that may overlap. Memory:
+/// O(units written), never O(window) (see unit_slots).
 inline void analyze_cluster(const tensor_registry& reg, overlap_marks& marks,
                             std::span<const placement* const> cluster, std::uintptr_t lo,
                             std::uintptr_t hi, std::vector<std::uint64_t>& seen,
@@ -299,28 +342,50 @@ inline void analyze_cluster(const tensor_registry& reg, overlap_marks& marks,
     g = std::gcd(g, static_cast<std::uint64_t>(p->dst_bytes));
     g = std::gcd(g, static_cast<std::uint64_t>(p_lo - lo));
   }
-  const std::uint64_t units = (hi - lo) / g;
-  const std::size_t words = static_cast<std::size_t>((units + 63) / 64);
-  seen.assign(words, 0);
-  multi.assign(words, 0);
-  bool any = false;
-  for (const placement* p : cluster) {
-    const auto base = reinterpret_cast<std::uintptr_t>(p->dst) - lo;
-    const std::uint64_t per = p->dst_bytes / g;
-    p->inv.for_each([&](std::int64_t, std::int64_t off) {
-      const std::uint64_t u0 =
-          (base + static_cast<std::uint64_t>(off * static_cast<std::int64_t>(p->dst_bytes))) / g;
-      for (std::uint64_t u = u0; u < u0 + per; ++u) {
-        const std::uint64_t bit = std::uint64_t{1} << (u % 64);
-        if (seen[u / 64] & bit) {
-          multi[u / 64] |= bit;
-          any = true;
-        } else {
-          seen[u / 64] |= bit;
-        }
-      }
+  // Calls f(record, rel, first unit, units) for every element written, units relative to lo.
+  const auto for_each_element = [&](auto&& f) {
+    for (const placement* p : cluster) {
+      const auto base = reinterpret_cast<std::uintptr_t>(p->dst) - lo;
+      const std::uint64_t per = p->dst_bytes / g;
+      p->inv.for_each([&](std::int64_t rel, std::int64_t off) {
+        const std::uint64_t rel_addr =
+            base + static_cast<std::uint64_t>(off * static_cast<std::int64_t>(p->dst_bytes));
+        f(*p, rel, rel_addr / g, per);
+      });
+    }
+  };
+  const std::uint64_t window_units = (hi - lo) / g;
+  std::uint64_t written_units = 0;
+  for (const placement* p : cluster)
+    written_units += static_cast<std::uint64_t>(p->inv.size()) * (p->dst_bytes / g);
+  unit_slots slots;
+  if (window_units / 8 <= written_units) {
+    slots.cover_window(window_units);
+  } else {
+    std::vector<std::uint64_t> blocks;
+    for_each_element([&](const placement&, std::int64_t, std::uint64_t u0, std::uint64_t per) {
+      for (std::uint64_t b = u0 / 64; b <= (u0 + per - 1) / 64; ++b)
+        if (blocks.empty() || blocks.back() != b) blocks.push_back(b);
     });
+    std::sort(blocks.begin(), blocks.end());
+    blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+    slots.cover_blocks(std::move(blocks));
   }
+  seen.assign(slots.words(), 0);
+  multi.assign(slots.words(), 0);
+  bool any = false;
+  for_each_element([&](const placement&, std::int64_t, std::uint64_t u0, std::uint64_t per) {
+    for (std::uint64_t u = u0; u < u0 + per; ++u) {
+      const std::size_t w = slots.word_of(u);
+      const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+      if (seen[w] & bit) {
+        multi[w] |= bit;
+        any = true;
+      } else {
+        seen[w] |= bit;
+      }
+    }
+  });
   if (!any) return;
   // Second pass over the elements that touch a repeatedly written unit only.
   struct entry {
@@ -329,20 +394,13 @@ inline void analyze_cluster(const tensor_registry& reg, overlap_marks& marks,
     std::int64_t index;
   };
   std::vector<entry> entries;
-  for (const placement* p : cluster) {
-    const auto base = reinterpret_cast<std::uintptr_t>(p->dst) - lo;
-    const std::uint64_t per = p->dst_bytes / g;
-    p->inv.for_each([&](std::int64_t rel, std::int64_t off) {
-      const std::uint64_t rel_addr =
-          base + static_cast<std::uint64_t>(off * static_cast<std::int64_t>(p->dst_bytes));
-      const std::uint64_t u0 = rel_addr / g;
-      for (std::uint64_t u = u0; u < u0 + per; ++u)
-        if (multi[u / 64] & (std::uint64_t{1} << (u % 64))) {
-          entries.push_back({lo + rel_addr, p, p->first + rel});
-          break;
-        }
-    });
-  }
+  for_each_element([&](const placement& p, std::int64_t rel, std::uint64_t u0, std::uint64_t per) {
+    for (std::uint64_t u = u0; u < u0 + per; ++u)
+      if (multi[slots.word_of(u)] & (std::uint64_t{1} << (u % 64))) {
+        entries.push_back({lo + u0 * g, &p, p.first + rel});
+        break;
+      }
+  });
   std::sort(entries.begin(), entries.end(),
             [](const entry& a, const entry& b) { return a.addr < b.addr; });
   std::size_t head = 0;  // first entry of the current group of overlapping writes
