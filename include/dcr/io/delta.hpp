@@ -40,6 +40,7 @@
 #include "dcr/error.hpp"
 #include "dcr/io/file.hpp"
 #include "dcr/io/safetensors.hpp"
+#include "dcr/shape.hpp"
 
 namespace dcr::io {
 
@@ -385,7 +386,6 @@ class delta_file {
       const auto rank = load_le<std::uint8_t>(m.data() + at + 1);
       at += 2;
       need(8 * std::size_t{rank} + 32, i);
-      std::uint64_t numel = 1;
       bool overflow = false;
       for (std::size_t k = 0; k < rank; ++k) {
         const auto x = load_le<std::uint64_t>(m.data() + at + 8 * k);
@@ -393,18 +393,15 @@ class delta_file {
                                        std::numeric_limits<std::int64_t>::max());
         e.tensor.shape.push_back(static_cast<std::int64_t>(x));
       }
-      for (auto x : e.tensor.shape) {
-        const auto ux = static_cast<std::uint64_t>(x);
-        if (ux != 0 && numel > (std::numeric_limits<std::uint64_t>::max() >> 4) / ux)
-          overflow = true;
-        else
-          numel *= ux;
-      }
-      for (auto x : e.tensor.shape) numel = x == 0 ? 0 : numel;
-      DCR_EXPECTS(!overflow && numel * dtype_size(e.tensor.type) <=
-                                   (std::numeric_limits<std::uint64_t>::max() >> 2) - tensor_bytes_,
+      const auto word = static_cast<std::int64_t>(dtype_size(e.tensor.type));
+      const auto numel =
+          overflow ? std::nullopt
+                   : checked_numel(e.tensor.shape, std::numeric_limits<std::int64_t>::max() / word);
+      DCR_EXPECTS(numel.has_value() &&
+                      static_cast<std::uint64_t>(*numel * word) <=
+                          (std::numeric_limits<std::uint64_t>::max() >> 2) - tensor_bytes_,
                   errc::overflow, here + ": shape too large");
-      tensor_bytes_ += numel * dtype_size(e.tensor.type);
+      tensor_bytes_ += static_cast<std::uint64_t>(*numel * word);
       at += 8 * std::size_t{rank};
       std::memcpy(e.base_digest.bytes.data(), m.data() + at, 16);
       std::memcpy(e.result_digest.bytes.data(), m.data() + at + 16, 16);
