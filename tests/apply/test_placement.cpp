@@ -46,6 +46,9 @@ struct scenario_loader {
     dst_broadcast,   ///< a's four first elements all into one word
   } k;
   std::vector<std::uint32_t> buf = std::vector<std::uint32_t>(32, 0);
+  std::vector<dcr::tensor_tie> ties{};  ///< what tied_tensors() declares
+
+  std::vector<dcr::tensor_tie> tied_tensors() const { return ties; }
 
   template <dcr::storage_word W, class Sink>
   void load(const dcr::canonical_tensor& t, tensor_view<const W> src, Sink& sink) {
@@ -191,6 +194,31 @@ TEST_CASE("write analysis: disjoint strided writes, repeats, ties, conflicts") {
     CHECK(plan.at(reg.id("a")).placements == 2);  // the two halves merged
   }
   {
+    // Undeclared, the same element of two tensors in one storage is refused, naming both
+    // tensors, the destination bytes and how to declare the tie.
+    l.k = kind::tie_split;
+    item_applier<scenario_loader> ap(reg, l);
+    const std::string what = message_of([&] { ap.prewarm(); });
+    CAPTURE(what);
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::unsupported_loader_path);
+    CHECK(what.find("'a' and 'b'") != std::string::npos);
+    const std::string range = "[" + dcr::detail::hex_address(reinterpret_cast<std::uintptr_t>(l.buf.data())) +
+                              ", " + dcr::detail::hex_address(reinterpret_cast<std::uintptr_t>(l.buf.data() + 8)) +
+                              ") (32 bytes)";
+    CHECK(what.find(range) != std::string::npos);
+    CHECK(what.find("tied_tensors()") != std::string::npos);
+    CHECK_FALSE(ap.prewarmed());
+    // A declaration must name two registry tensors of one dtype and shape.
+    l.ties = {{"a", "zz"}};
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::unknown_tensor);
+    l.ties = {{"a", "c"}};
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::invalid_argument);
+    // A declared tie of other tensors does not cover this one.
+    l.ties = {{"b", "b"}};
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::invalid_argument);
+  }
+  {
+    l.ties = {{"b", "a"}};  // declared (in either order): both overwrite-only
     const auto plan = plan_of(kind::tie_split, l);
     CHECK(plan.overwrite_only(reg.id("a")));
     CHECK(plan.overwrite_only(reg.id("b")));
@@ -199,6 +227,11 @@ TEST_CASE("write analysis: disjoint strided writes, repeats, ties, conflicts") {
     const auto list = plan.overwrite_only_tensors();
     CHECK(std::vector<dcr::tensor_id>(list.begin(), list.end()) ==
           std::vector<dcr::tensor_id>{reg.id("a"), reg.id("b")});
+    // A declared tie does not excuse different elements in one storage.
+    l.k = kind::reversed_other;
+    item_applier<scenario_loader> ap(reg, l);
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::unsupported_loader_path);
+    l.ties.clear();
   }
   for (kind k : {kind::reversed_other, kind::partial_width, kind::dst_broadcast}) {
     l.k = k;
@@ -225,6 +258,8 @@ TEST_CASE("compiled and general paths agree on the shared-buffer scenarios") {
         m.new_words[reg.id("b")] = m.new_words[reg.id("a")];
       }
       scenario_loader la{k}, lb{k}, ld{k};
+      if (k == kind::tie_split)
+        for (auto* x : {&la, &lb, &ld}) x->ties = {{"a", "b"}};
       item_applier<scenario_loader> a(reg, la), b(reg, lb), d(reg, ld);
       for (auto* ap : {&a, &b}) {
         dcr_test::dense_load_all(*ap, reg, m.old_words);
