@@ -7,13 +7,16 @@
 // 1. Faults on delivery: a payload with one flipped byte is refused (corrupt_payload) before
 //    any write; the intact payload is applied; a second delivery of it is dropped as a
 //    duplicate; a payload of an attempt the receiver has moved past is refused as stale.
-// 2. Tied storage: an engine that stores lm_head in the embedding's storage. When the
-//    checkpoint ties the two (bit-equal), that is a real tie: both tensors become
-//    overwrite-only and a refit is exact. When it does not (a loader tying what the model
-//    keeps apart), a startup check of the placement report flags it, and post-apply checks
-//    (`apply_options::verify`) refuse a payload whose two tensors write different bits into one
-//    element. (They cannot see a step that changes only one of the two: the storage then holds
-//    that tensor's bits, which a dense load would not. Check the ties at startup.)
+// 2. Tied storage: an engine that stores lm_head in the embedding's storage.
+//    a. The model ties the two and the loader declares it (`tied_tensors()`): a real tie, both
+//       tensors become overwrite-only and a refit is exact.
+//    b. The loader writes lm_head into the embedding's storage without declaring a tie (the
+//       tied-weights trap: a wrong buffer name in an untied model): prewarm refuses it, naming
+//       both tensors and the destination bytes.
+//    c. A declared tie the checkpoint does not keep (the two tensors differ): post-apply
+//       checks (`apply_options::verify`) refuse a payload whose two tensors write different
+//       bits into one element. They cannot see a step that changes only one of the two, so
+//       declare a tie only where the model has one.
 //
 // Exits non-zero if any of these does not hold.
 #include <cstdint>
@@ -37,11 +40,18 @@ struct engine {
   friend bool operator==(const engine&, const engine&) = default;
 };
 
-// The engine's loader. `tie_lm_head`: lm_head goes into the embedding's storage.
+// The engine's loader. `tie_lm_head`: lm_head goes into the embedding's storage; `declare_tie`:
+// the loader says so (the engine's config ties the word embeddings).
 struct engine_loader {
   using loader_concept = dcr::loader_tag;
   engine* e;
   bool tie_lm_head = false;
+  bool declare_tie = false;
+
+  std::vector<dcr::tensor_tie> tied_tensors() const {
+    if (!declare_tie) return {};
+    return {{"model.embed_tokens.weight", "lm_head.weight"}};
+  }
 
   template <dcr::storage_word W, class Sink>
   void load(const dcr::canonical_tensor& t, dcr::tensor_view<const W> src, Sink& sink) {
@@ -106,7 +116,7 @@ struct serving_rank {
   engine storage;
   engine_loader loader;
   dcr::receiver<engine_loader> rx;
-  serving_rank(const trainer& t, bool tie) : loader{&storage, tie}, rx(registry, loader) {
+  serving_rank(const trainer& t, bool tie, bool declare) : loader{&storage, tie, declare}, rx(registry, loader) {
     rx.prewarm();
     for (dcr::tensor_id id = 0; id < registry.size(); ++id)
       rx.dense_load<std::uint16_t>(id, dcr::tensor_view<const std::uint16_t>::contiguous(
@@ -126,20 +136,6 @@ dcr::errc code_of(F&& f, std::string* message = nullptr) {
   return dcr::errc::ok;
 }
 
-// The tensors this rank's placement ties to another tensor's storage although the model does
-// not declare them tied (`declared`: e.g. both embedding names when the config says
-// tie_word_embeddings). An engine checks this once after prewarm and refuses to serve a
-// non-empty answer: a tie is exact only when the checkpoint keeps the two tensors bit-equal.
-std::vector<std::string> undeclared_ties(std::span<const dcr::tensor_placement> report,
-                                         std::span<const std::string> declared) {
-  std::vector<std::string> out;
-  for (const auto& t : report)
-    if (t.reason.find("(tied)") != std::string::npos &&
-        std::find(declared.begin(), declared.end(), t.name) == declared.end())
-      out.emplace_back(t.name);
-  return out;
-}
-
 bool check(bool ok, const char* what) {
   std::printf("%s: %s\n", ok ? "ok  " : "FAIL", what);
   return ok;
@@ -153,7 +149,7 @@ int main() {
   // ---- 1. faults on delivery
   {
     trainer train(/*tied_values=*/false);
-    serving_rank rank(train, /*tie=*/false);
+    serving_rank rank(train, /*tie=*/false, /*declare=*/false);
     train.shard("model.norm.weight")[1] ^= 0x0001;
     train.shard("model.embed_tokens.weight")[5] ^= 0x0010;
     train.shard("lm_head.weight")[9] ^= 0x8000;  // a sign bit: -x, exact
@@ -184,21 +180,19 @@ int main() {
 
     train.owner.commit(train.spans());
     rank.rx.end_transition(1);
-    serving_rank dense(train, false);
+    serving_rank dense(train, false, false);
     ok &= check(rank.storage == dense.storage, "the receiver holds a dense refit's bits");
   }
 
   // ---- 2a. a real tie: the checkpoint keeps lm_head equal to the embedding
   {
     trainer train(/*tied_values=*/true);
-    serving_rank rank(train, /*tie=*/true);
+    serving_rank rank(train, /*tie=*/true, /*declare=*/true);
     const auto report = rank.rx.placement_report();
     const auto& lm = report[registry.id("lm_head.weight")];
     std::printf("      lm_head.weight: overwrite_only=%d (%s)\n", lm.overwrite_only, lm.reason.c_str());
     ok &= check(lm.overwrite_only && report[registry.id("model.embed_tokens.weight")].overwrite_only,
                 "tied tensors are overwrite-only on this rank");
-    const std::string tied[] = {"model.embed_tokens.weight", "lm_head.weight"};
-    ok &= check(undeclared_ties(report, tied).empty(), "every tie is one the model declares");
     train.owner.set_overwrite_only(rank.rx.overwrite_only_tensors());  // the coordinator does this
 
     for (const char* name : {"model.embed_tokens.weight", "lm_head.weight"})  // one update, both
@@ -209,47 +203,46 @@ int main() {
     for (const auto& p : payloads) rank.rx.apply_payload(p, {dcr::apply_path::compiled, /*verify=*/true});
     ok &= check(rank.rx.stats().verified == rank.rx.stats().writes && rank.rx.stats().writes > 0,
                 "post-apply checks hold for every write of a real tie");
-    serving_rank dense(train, true);
+    serving_rank dense(train, true, true);
     ok &= check(rank.storage == dense.storage, "a real tie refits to a dense refit's bits");
   }
 
-  // ---- 2b. a false tie: the loader ties tensors the checkpoint keeps apart
+  // ---- 2b. the tied-weights trap: lm_head written into the embedding's storage, undeclared
   {
     trainer train(/*tied_values=*/false);
     std::string refused;
-    const auto at_prewarm = code_of([&] { serving_rank probe(train, true); }, &refused);
-    if (at_prewarm != dcr::errc::ok) {
-      ok &= check(at_prewarm == dcr::errc::unsupported_loader_path,
-                  "prewarm refuses the undeclared overlap");
-      std::printf("      %s\n", refused.c_str());
-    } else {
-      serving_rank rank(train, /*tie=*/true);
-      // The model does not declare the tie: the startup check above flags both tensors...
-      ok &= check(undeclared_ties(rank.rx.placement_report(), {}).size() == 2,
-                  "the startup check flags the tie the model does not declare");
-      // ...and an engine that serves anyway relies on post-apply checks:
-      train.owner.set_overwrite_only(rank.rx.overwrite_only_tensors());
-      // An optimizer step moves both tensors at element 6, to different bits.
-      train.shard("model.embed_tokens.weight")[6] = dcr::float_to_bf16(0.5f);
-      train.shard("lm_head.weight")[6] = dcr::float_to_bf16(1.5f);
-      const dcr::attempt_key key{0, 1, 0};
-      const auto payloads = train.payloads(key);
-      rank.rx.begin_attempt(key);
-      std::string message;
-      const auto code = code_of(
-          [&] {
-            for (const auto& p : payloads)
-              rank.rx.apply_payload(p, {dcr::apply_path::compiled, /*verify=*/true});
-          },
-          &message);
-      ok &= check(code == dcr::errc::verification_failed,
-                  "post-apply checks refuse two tensors writing different bits into one element");
-      std::printf("      %s\n", message.c_str());
-      ok &= check(message.find("element 6") != std::string::npos,
-                  "the message names the tensor's element");
-      // A receiver agent acknowledges this attempt as failed, so the coordinator never commits
-      // it; the overwrite retry fails the same way until the loader is fixed.
-    }
+    const auto at_prewarm = code_of([&] { serving_rank probe(train, /*tie=*/true, /*declare=*/false); }, &refused);
+    ok &= check(at_prewarm == dcr::errc::unsupported_loader_path, "prewarm refuses the undeclared overlap");
+    std::printf("      %s\n", refused.c_str());
+    ok &= check(refused.find("lm_head.weight") != std::string::npos &&
+                    refused.find("model.embed_tokens.weight") != std::string::npos,
+                "the refusal names both tensors");
+  }
+
+  // ---- 2c. a declared tie the checkpoint does not keep: post-apply checks
+  {
+    trainer train(/*tied_values=*/false);
+    serving_rank rank(train, /*tie=*/true, /*declare=*/true);
+    train.owner.set_overwrite_only(rank.rx.overwrite_only_tensors());
+    // An optimizer step moves both tensors at element 6, to different bits.
+    train.shard("model.embed_tokens.weight")[6] = dcr::float_to_bf16(0.5f);
+    train.shard("lm_head.weight")[6] = dcr::float_to_bf16(1.5f);
+    const dcr::attempt_key key{0, 1, 0};
+    const auto payloads = train.payloads(key);
+    rank.rx.begin_attempt(key);
+    std::string message;
+    const auto code = code_of(
+        [&] {
+          for (const auto& p : payloads)
+            rank.rx.apply_payload(p, {dcr::apply_path::compiled, /*verify=*/true});
+        },
+        &message);
+    ok &= check(code == dcr::errc::verification_failed,
+                "post-apply checks refuse two tensors writing different bits into one element");
+    std::printf("      %s\n", message.c_str());
+    ok &= check(message.find("element 6") != std::string::npos, "the message names the tensor's element");
+    // A receiver agent acknowledges this attempt as failed, so the coordinator never commits it;
+    // the overwrite retry fails the same way until the declaration is fixed.
   }
 
   std::printf("%s\n", ok ? "all checks hold" : "SOME CHECKS FAILED");

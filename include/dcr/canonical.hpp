@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,6 +21,7 @@
 
 #include "dcr/dtype.hpp"
 #include "dcr/error.hpp"
+#include "dcr/shape.hpp"
 
 namespace dcr {
 
@@ -32,7 +34,7 @@ struct canonical_tensor {
   dtype type = dtype::bf16;
   std::vector<std::int64_t> shape;
 
-  /// Number of elements.
+  /// Number of elements (exact for every tensor a tensor_registry accepts).
   [[nodiscard]] std::int64_t numel() const noexcept {
     std::int64_t n = 1;
     for (auto e : shape) n *= e;
@@ -77,19 +79,28 @@ class tensor_registry {
  public:
   tensor_registry() = default;
 
-  /// Builds the registry; names must be unique and shapes non-negative.
+  /// Builds the registry; names must be unique and non-empty (errc::invalid_argument), extents
+  /// non-negative (errc::invalid_argument), and each tensor's element count and byte size, and
+  /// the bytes of all tensors together, must fit std::int64_t (errc::overflow naming the tensor
+  /// and its shape).
   explicit tensor_registry(std::vector<canonical_tensor> tensors) : tensors_(std::move(tensors)) {
     std::sort(tensors_.begin(), tensors_.end(),
               [](const auto& a, const auto& b) { return a.name < b.name; });
     std::uint64_t fp = detail::fnv1a64("dcr-registry-v1");
+    std::int64_t total = 0;
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       const auto& t = tensors_[i];
       DCR_EXPECTS(!t.name.empty(), errc::invalid_argument, "tensor_registry: empty tensor name");
       DCR_EXPECTS(i == 0 || tensors_[i - 1].name != t.name, errc::invalid_argument,
                   "tensor_registry: duplicate tensor name '" + t.name + "'");
-      for (auto e : t.shape)
-        DCR_EXPECTS(e >= 0, errc::invalid_argument,
-                    "tensor_registry: negative extent in '" + t.name + "'");
+      const std::int64_t bytes = expect_numel(t.shape, dtype_size(t.type),
+                                              "tensor_registry: tensor '" + t.name + "' (" +
+                                                  std::string(dtype_name(t.type)) + ")") *
+                                 static_cast<std::int64_t>(dtype_size(t.type));
+      DCR_EXPECTS(total <= std::numeric_limits<std::int64_t>::max() - bytes, errc::overflow,
+                  "tensor_registry: the tensors up to '" + t.name +
+                      "' hold more bytes than a signed 64-bit count holds");
+      total += bytes;
       by_name_.emplace(t.name, static_cast<tensor_id>(i));
       fp = detail::fnv1a64(t.name, fp);
       fp = detail::fnv1a64_u64(static_cast<std::uint64_t>(t.type), fp);

@@ -13,6 +13,7 @@
 
 #include "dcr/dtype.hpp"
 #include "dcr/error.hpp"
+#include "dcr/shape.hpp"
 #include "dcr/tensor_view.hpp"
 
 namespace dcr {
@@ -71,13 +72,14 @@ tensor_view<W> from_dlpack(const DLTensor& t, memory_space space = memory_space:
               "from_dlpack: rank " + std::to_string(t.ndim) + " exceeds dcr::max_rank");
   DCR_EXPECTS(t.ndim == 0 || t.shape != nullptr, errc::invalid_argument,
               "from_dlpack: missing shape");
+  (void)expect_numel(std::span<const std::int64_t>(t.shape, static_cast<std::size_t>(t.ndim)), 1,
+                     "from_dlpack");
   index_array extents{}, strides{};
-  std::int64_t stride = 1;
+  std::uint64_t stride = 1;  // unsigned: an empty tensor's strides may wrap, addressing nothing
   for (int d = t.ndim - 1; d >= 0; --d) {
-    DCR_EXPECTS(t.shape[d] >= 0, errc::invalid_argument, "from_dlpack: negative extent");
     extents[d] = t.shape[d];
-    strides[d] = t.strides != nullptr ? t.strides[d] : stride;
-    stride *= t.shape[d];
+    strides[d] = t.strides != nullptr ? t.strides[d] : static_cast<std::int64_t>(stride);
+    stride *= static_cast<std::uint64_t>(t.shape[d]);
   }
   auto* base = static_cast<std::byte*>(t.data) + t.byte_offset;
   return tensor_view<W>(reinterpret_cast<W*>(base), t.ndim, extents, strides);

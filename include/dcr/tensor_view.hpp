@@ -20,6 +20,7 @@
 
 #include "dcr/config.hpp"
 #include "dcr/error.hpp"
+#include "dcr/shape.hpp"
 
 namespace dcr {
 
@@ -42,19 +43,22 @@ class tensor_view {
                                         const index_array& strides) noexcept
       : data_(data), rank_(rank), extents_(extents), strides_(strides) {}
 
-  /// A contiguous row-major view of `shape` over `data`.
+  /// A contiguous row-major view of `shape` over `data`. Throws errc::invalid_argument for a
+  /// rank above max_rank or a negative extent, errc::overflow for a shape whose element count
+  /// does not fit std::int64_t.
   static tensor_view contiguous(T* data, std::span<const std::int64_t> shape) {
     DCR_EXPECTS(shape.size() <= static_cast<std::size_t>(max_rank), errc::invalid_argument,
                 "tensor_view: rank exceeds dcr::max_rank");
+    (void)expect_numel(shape, 1, "tensor_view");
     tensor_view v;
     v.data_ = data;
     v.rank_ = static_cast<int>(shape.size());
-    std::int64_t stride = 1;
+    // Unsigned: the strides of an empty view ([0, 2^40, 2^40]) may wrap; they address nothing.
+    std::uint64_t stride = 1;
     for (int d = v.rank_ - 1; d >= 0; --d) {
-      DCR_EXPECTS(shape[d] >= 0, errc::invalid_argument, "tensor_view: negative extent");
       v.extents_[d] = shape[d];
-      v.strides_[d] = stride;
-      stride *= shape[d];
+      v.strides_[d] = static_cast<std::int64_t>(stride);
+      stride *= static_cast<std::uint64_t>(shape[d]);
     }
     return v;
   }

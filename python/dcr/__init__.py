@@ -137,13 +137,17 @@ class Receiver(_dcr._Receiver):
     mode "sink": loader(iterator of (name, NumPy array), sink), copying with sink.copy(dst, src)
     and declaring sink.skip(name) for tensors the rank does not hold.
     `skip`: canonical tensors the loader deliberately does not load.
+    `tied`: pairs of canonical tensors the engine loads into one storage (tied weights, e.g.
+    ("model.embed_tokens.weight", "lm_head.weight")); prewarm refuses any other shared storage.
 
     prewarm() runs the loader (twice, on probes) and compiles its copies; afterwards load(),
     apply_payload() and the ReceiverAgent write the engine's storage from C++ without calling the
     loader. The engine's storage must stay where it was at prewarm (prewarm again if it moves)."""
 
-    def __init__(self, registry, loader, mode="state_dict", skip=()):
+    def __init__(self, registry, loader, mode="state_dict", skip=(), tied=()):
         super().__init__(registry)
+        for first, second in tied:
+            self._add_tie(first, second)
         self._registry = registry
         self._loader = loader
         self._mode = mode

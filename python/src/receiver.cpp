@@ -67,6 +67,10 @@ void bind_receiver(nb::module_& m) {
            nb::arg("dst_strides"), nb::arg("src_offset"), nb::arg("src_strides"))
       .def("_add_skip", [](py_receiver& r, const std::string& tensor) { r.loader.add_skip(r.registry->id(tensor)); },
            nb::arg("tensor"))
+      .def("_add_tie", [](py_receiver& r, const std::string& first, const std::string& second) {
+             r.loader.add_tie(first, second);
+           },
+           nb::arg("first"), nb::arg("second"))
       .def("_prewarm",
            [](py_receiver& r) {
              nb::gil_scoped_release release;

@@ -51,6 +51,12 @@ class recorded_loader {
     tensors_.at(id).seen = true;
     tensors_.at(id).skipped = true;
   }
+  /// Declares two tensors the Python engine loads into one storage (Receiver(tied=...)).
+  void add_tie(std::string first, std::string second) {
+    ties_.push_back({std::move(first), std::move(second)});
+  }
+  /// The ties declared (dcr::declares_ties): prewarm refuses any other shared storage.
+  std::vector<dcr::tensor_tie> tied_tensors() const { return ties_; }
 
   /// Issues the recorded copies of `t` with `src` as the probe. `src` is the contiguous
   /// canonical tensor dcr passes (scratch, or the words of a dense load).
@@ -74,6 +80,7 @@ class recorded_loader {
  private:
   const dcr::tensor_registry* registry_;
   std::vector<recorded_tensor> tensors_;
+  std::vector<dcr::tensor_tie> ties_;
 };
 
 static_assert(dcr::loader<recorded_loader>);

@@ -346,6 +346,30 @@ TEST_CASE("tied embeddings: skipped lm_head, or both written into one storage") 
   }
 }
 
+TEST_CASE("the tied-weights trap: lm_head written into the embedding's storage, undeclared") {
+  // The engine shares one storage for both tensors but does not declare them tied (a loader
+  // that writes lm_head into the embedding by mistake looks the same). Accepting it as a tie
+  // committed a non-dense result only verify caught; prewarm refuses it, naming both tensors,
+  // the storage bytes and the declaration that would accept it.
+  model_config c;
+  c.tie = model_config::tie_mode::write_both;
+  fixture f(c);
+  f.loader.declare_tie = false;
+  const std::string what = message_of([&] { f.applier.prewarm(); });
+  CAPTURE(what);
+  CHECK(code_of([&] { f.applier.prewarm(); }) == errc::unsupported_loader_path);
+  CHECK(what.find("'model.embed_tokens.weight'") != std::string::npos);
+  CHECK(what.find("'lm_head.weight'") != std::string::npos);
+  CHECK(what.find("destination bytes [0x") != std::string::npos);
+  CHECK(what.find("tied_tensors()") != std::string::npos);
+  CHECK_FALSE(f.applier.prewarmed());
+  // Declared, the same loader is accepted with both tensors overwrite-only.
+  f.loader.declare_tie = true;
+  f.applier.prewarm();
+  CHECK(f.applier.plan().overwrite_only(f.reg.id("lm_head.weight")));
+  CHECK(f.applier.plan().overwrite_only(f.reg.id("model.embed_tokens.weight")));
+}
+
 TEST_CASE("post-apply checks name the tensor and element of a write that does not hold") {
   // Tied tensors whose items disagree: the second overwrite replaces the first one's bits, so
   // the first write no longer holds its record's value.

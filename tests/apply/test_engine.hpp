@@ -242,6 +242,15 @@ class test_engine_loader {
   fault inject = fault::none;
   std::string fault_tensor;
   int loads = 0;  ///< load() calls so far
+  /// Whether tied_tensors() declares the tie of tie_mode::write_both (off: the trap of a loader
+  /// that writes lm_head into the embedding's storage without saying the model ties them).
+  bool declare_tie = true;
+
+  /// The tie of tie_mode::write_both: embed and lm_head loaded into one storage.
+  std::vector<dcr::tensor_tie> tied_tensors() const {
+    if (c_.tie != model_config::tie_mode::write_both || !declare_tie) return {};
+    return {{"model.embed_tokens.weight", "lm_head.weight"}};
+  }
 
   template <storage_word W, class Sink>
   void load(const canonical_tensor& t, tensor_view<const W> src, Sink& sink) {

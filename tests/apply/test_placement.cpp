@@ -3,6 +3,7 @@
 // different elements or partially overlapping words: an error naming both tensors), and the
 // placement report says what each tensor does on this rank.
 #include <doctest/doctest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -45,6 +46,9 @@ struct scenario_loader {
     dst_broadcast,   ///< a's four first elements all into one word
   } k;
   std::vector<std::uint32_t> buf = std::vector<std::uint32_t>(32, 0);
+  std::vector<dcr::tensor_tie> ties{};  ///< what tied_tensors() declares
+
+  std::vector<dcr::tensor_tie> tied_tensors() const { return ties; }
 
   template <dcr::storage_word W, class Sink>
   void load(const dcr::canonical_tensor& t, tensor_view<const W> src, Sink& sink) {
@@ -83,6 +87,58 @@ struct scenario_loader {
 tensor_registry scenario_registry() {
   return tensor_registry({{"a", dtype::f32, {8}}, {"b", dtype::f32, {8}}, {"c", dtype::bf16, {4}}});
 }
+
+/// Address space for storage whose parts lie far apart: `bytes` reserved without memory
+/// (PROT_NONE), of which only the pages an engine writes are made accessible.
+class reserved_span {
+ public:
+  explicit reserved_span(std::size_t bytes) : bytes_(bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    base_ = p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+  }
+  ~reserved_span() {
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+  }
+  reserved_span(const reserved_span&) = delete;
+  reserved_span& operator=(const reserved_span&) = delete;
+  [[nodiscard]] std::byte* base() const noexcept { return base_; }
+  /// Makes the page at `offset` readable and writable (zero-filled) and returns its address.
+  std::byte* page_at(std::size_t offset) {
+    std::byte* p = base_ + offset;
+    REQUIRE(::mprotect(p, 4096, PROT_READ | PROT_WRITE) == 0);
+    return p;
+  }
+
+ private:
+  std::byte* base_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// An engine that keeps each row of "a" (bf16 [8, 4]) in its own allocation, the allocations
+/// `gap` bytes apart (one record of constant storage stride after merging), and "b" (bf16 [4])
+/// in the gap between the first two, or (onto_row_3) onto a's row 3.
+struct far_apart_loader {
+  using loader_concept = dcr::loader_tag;
+  static constexpr std::size_t gap = std::size_t{1} << 37;  // 128 GiB
+  std::vector<std::byte*> rows;
+  std::byte* b_storage = nullptr;
+  bool onto_row_3 = false;
+
+  explicit far_apart_loader(reserved_span& span) {
+    for (std::size_t r = 0; r < 8; ++r) rows.push_back(span.page_at(r * gap));
+    b_storage = span.page_at(gap / 2);
+  }
+  template <dcr::storage_word W, class Sink>
+  void load(const dcr::canonical_tensor& t, tensor_view<const W> src, Sink& sink) {
+    if (t.name == "b") {
+      auto* dst = reinterpret_cast<W*>(onto_row_3 ? rows[3] : b_storage);
+      return sink.copy(tensor_view<W>::contiguous(dst, {4}), src);
+    }
+    for (std::int64_t r = 0; r < 8; ++r)
+      sink.copy(tensor_view<W>::contiguous(reinterpret_cast<W*>(rows[static_cast<std::size_t>(r)]), {4}),
+                src.select(0, r));
+  }
+};
 
 }  // namespace
 
@@ -138,6 +194,31 @@ TEST_CASE("write analysis: disjoint strided writes, repeats, ties, conflicts") {
     CHECK(plan.at(reg.id("a")).placements == 2);  // the two halves merged
   }
   {
+    // Undeclared, the same element of two tensors in one storage is refused, naming both
+    // tensors, the destination bytes and how to declare the tie.
+    l.k = kind::tie_split;
+    item_applier<scenario_loader> ap(reg, l);
+    const std::string what = message_of([&] { ap.prewarm(); });
+    CAPTURE(what);
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::unsupported_loader_path);
+    CHECK(what.find("'a' and 'b'") != std::string::npos);
+    const std::string range = "[" + dcr::detail::hex_address(reinterpret_cast<std::uintptr_t>(l.buf.data())) +
+                              ", " + dcr::detail::hex_address(reinterpret_cast<std::uintptr_t>(l.buf.data() + 8)) +
+                              ") (32 bytes)";
+    CHECK(what.find(range) != std::string::npos);
+    CHECK(what.find("tied_tensors()") != std::string::npos);
+    CHECK_FALSE(ap.prewarmed());
+    // A declaration must name two registry tensors of one dtype and shape.
+    l.ties = {{"a", "zz"}};
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::unknown_tensor);
+    l.ties = {{"a", "c"}};
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::invalid_argument);
+    // A declared tie of other tensors does not cover this one.
+    l.ties = {{"b", "b"}};
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::invalid_argument);
+  }
+  {
+    l.ties = {{"b", "a"}};  // declared (in either order): both overwrite-only
     const auto plan = plan_of(kind::tie_split, l);
     CHECK(plan.overwrite_only(reg.id("a")));
     CHECK(plan.overwrite_only(reg.id("b")));
@@ -146,6 +227,11 @@ TEST_CASE("write analysis: disjoint strided writes, repeats, ties, conflicts") {
     const auto list = plan.overwrite_only_tensors();
     CHECK(std::vector<dcr::tensor_id>(list.begin(), list.end()) ==
           std::vector<dcr::tensor_id>{reg.id("a"), reg.id("b")});
+    // A declared tie does not excuse different elements in one storage.
+    l.k = kind::reversed_other;
+    item_applier<scenario_loader> ap(reg, l);
+    CHECK(code_of([&] { ap.prewarm(); }) == errc::unsupported_loader_path);
+    l.ties.clear();
   }
   for (kind k : {kind::reversed_other, kind::partial_width, kind::dst_broadcast}) {
     l.k = k;
@@ -172,6 +258,8 @@ TEST_CASE("compiled and general paths agree on the shared-buffer scenarios") {
         m.new_words[reg.id("b")] = m.new_words[reg.id("a")];
       }
       scenario_loader la{k}, lb{k}, ld{k};
+      if (k == kind::tie_split)
+        for (auto* x : {&la, &lb, &ld}) x->ties = {{"a", "b"}};
       item_applier<scenario_loader> a(reg, la), b(reg, lb), d(reg, ld);
       for (auto* ap : {&a, &b}) {
         dcr_test::dense_load_all(*ap, reg, m.old_words);
@@ -233,4 +321,45 @@ TEST_CASE("invariant divisors divide exactly") {
       CHECK(v.divide(n) == n / d);
     }
   }
+}
+
+TEST_CASE("write analysis memory follows the elements placed, not the address span") {
+  // a's rows 128 GiB apart merge into one record whose window spans 896 GiB, with b inside it:
+  // a bitmap over that window would take 56 GiB per pass (std::bad_alloc); the analysis must
+  // cover only the blocks the 36 elements touch, and still find overlaps byte-exactly.
+  reserved_span span(8 * far_apart_loader::gap);
+  REQUIRE(span.base() != nullptr);
+  const tensor_registry reg({{"a", dtype::bf16, {8, 4}}, {"b", dtype::bf16, {4}}});
+  far_apart_loader l(span);
+  item_applier<far_apart_loader> ap(reg, l);
+  ap.prewarm();
+  const auto a = reg.id("a"), b = reg.id("b");
+  CHECK(ap.plan().at(a).placements == 1);
+  CHECK(ap.plan().at(a).copies == 8);
+  CHECK(ap.plan().overwrite_only_tensors().empty());
+  // The plan places elements where the loader put them (compiled path, checked after writing).
+  std::vector<item> items(2);
+  items[0] = {a, dtype::bf16, encoding::overwrite, {1, 13, 31}, {}};
+  items[1] = {b, dtype::bf16, encoding::xor_mask, {0, 3}, {}};
+  for (auto& it : items) {
+    it.values.resize(it.indices.size() * 2);
+    for (std::size_t k = 0; k < it.indices.size(); ++k)
+      it.words<std::uint16_t>()[k] = static_cast<std::uint16_t>(0x3f00 + it.indices[k]);
+  }
+  const auto stats = ap.apply(items, apply_options{apply_path::compiled, true});
+  CHECK(stats.writes == 5);
+  const auto word = [](std::byte* p, int k) { return reinterpret_cast<std::uint16_t*>(p)[k]; };
+  CHECK(word(l.rows[0], 1) == 0x3f01);
+  CHECK(word(l.rows[3], 1) == 0x3f0d);
+  CHECK(word(l.rows[7], 3) == 0x3f1f);
+  CHECK(word(l.b_storage, 0) == 0x3f00);
+  CHECK(word(l.b_storage, 3) == 0x3f03);
+  // b written onto a's row 3 (a's elements 12..15 and b's 0..3): found across the gap.
+  l.onto_row_3 = true;
+  item_applier<far_apart_loader> bad(reg, l);
+  const std::string what = message_of([&] { bad.prewarm(); });
+  CAPTURE(what);
+  CHECK(code_of([&] { bad.prewarm(); }) == errc::unsupported_loader_path);
+  CHECK(what.find("'a' element 12") != std::string::npos);
+  CHECK(what.find("'b' element 0") != std::string::npos);
 }

@@ -55,4 +55,15 @@ TEST_CASE("from_dlpack refuses mismatched widths, lanes and devices") {
   t.device = {kDLCUDA, 0};
   CHECK_THROWS_AS(dcr::from_dlpack<std::uint32_t>(t), dcr::error);
   CHECK_NOTHROW(dcr::from_dlpack<std::uint32_t>(t, dcr::memory_space::cuda_device));
+  // A shape whose element count overflows 64 bits.
+  t.device = {kDLCPU, 0};
+  std::int64_t huge[2] = {std::int64_t{1} << 32, std::int64_t{1} << 32};
+  t.ndim = 2;
+  t.shape = huge;
+  try {
+    (void)dcr::from_dlpack<std::uint32_t>(t);
+    FAIL("overflowing shape accepted");
+  } catch (const dcr::error& e) {
+    CHECK(e.dcr_code() == dcr::errc::overflow);
+  }
 }

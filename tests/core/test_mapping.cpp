@@ -170,6 +170,25 @@ TEST_CASE("bad mapping arguments are refused with dcr::error") {
   const std::vector<std::int64_t> ok_off{0, 0};
   const std::vector<int> not_perm{0, 0};
   CHECK_THROWS_AS(dcr::box(shape, ok_off, shape, not_perm), dcr::error);
+  // Shapes whose element count overflows 64 bits (the products wrapped before).
+  constexpr std::int64_t two32 = std::int64_t{1} << 32;
+  const std::vector<std::int64_t> huge{two32, two32}, huge_rows{0, two32, two32};
+  const std::vector<std::int64_t> zero2{0, 0};
+  for (const auto& s : {huge, huge_rows}) {
+    const auto code_of = [](auto f) {
+      try {
+        f();
+      } catch (const dcr::error& e) {
+        return e.dcr_code();
+      }
+      return dcr::errc::ok;
+    };
+    CHECK(code_of([&] { dcr::row_split(s, 2, 0); }) == dcr::errc::overflow);
+    if (s == huge) {
+      CHECK(code_of([&] { dcr::column_split(s, 2, 0); }) == dcr::errc::overflow);
+      CHECK(code_of([&] { dcr::box(s, zero2, zero2); }) == dcr::errc::overflow);
+    }
+  }
 }
 
 TEST_CASE("balanced_split partitions [0, n) in order") {

@@ -1,10 +1,13 @@
 // tensor_view: slices, selects and transposes address the same storage as an engine expects.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "dcr/canonical.hpp"
+#include "dcr/shape.hpp"
 #include "dcr/tensor_view.hpp"
 
 TEST_CASE("views slice, select, transpose and copy without owning memory") {
@@ -50,4 +53,58 @@ TEST_CASE("the registry gives ids in name order and a fingerprint that tracks th
   CHECK_THROWS_AS((void)a.id("zz"), dcr::error);
   CHECK_THROWS_AS(dcr::tensor_registry({{"a", dcr::dtype::f32, {3}}, {"a", dcr::dtype::f32, {3}}}),
                   dcr::error);
+}
+
+namespace {
+/// The error a registry of the one tensor `t` is refused with (errc::ok if it is accepted).
+dcr::error registry_error(std::vector<dcr::canonical_tensor> tensors) {
+  try {
+    dcr::tensor_registry r(std::move(tensors));
+  } catch (const dcr::error& e) {
+    return e;
+  }
+  return dcr::error(dcr::errc::ok, "accepted");
+}
+}  // namespace
+
+TEST_CASE("shapes whose element count overflows 64 bits are refused, naming tensor and shape") {
+  constexpr std::int64_t two32 = std::int64_t{1} << 32;
+  // 2^64 elements: the unchecked product wrapped to numel() == 0.
+  const auto e = registry_error({{"ok", dcr::dtype::bf16, {4}},
+                                 {"model.huge.weight", dcr::dtype::bf16, {two32, two32}}});
+  CHECK(e.dcr_code() == dcr::errc::overflow);
+  const std::string what = e.what();
+  CAPTURE(what);
+  CHECK(what.find("'model.huge.weight'") != std::string::npos);
+  CHECK(what.find("[4294967296, 4294967296]") != std::string::npos);
+  // A count that fits but whose bytes do not (2^62 f32 elements), a sum of bytes that does not.
+  CHECK(registry_error({{"w", dcr::dtype::f32, {std::int64_t{1} << 62}}}).dcr_code() ==
+        dcr::errc::overflow);
+  CHECK(registry_error({{"a", dcr::dtype::u8, {std::int64_t{1} << 62}},
+                        {"b", dcr::dtype::u8, {std::int64_t{1} << 62}}})
+            .dcr_code() == dcr::errc::overflow);
+  CHECK(registry_error({{"w", dcr::dtype::u8, {3, -1}}}).dcr_code() == dcr::errc::invalid_argument);
+  // The largest counts that fit are accepted; a zero extent makes any shape empty.
+  CHECK(registry_error({{"a", dcr::dtype::u8, {(std::int64_t{1} << 62) - 1}},
+                        {"b", dcr::dtype::u8, {std::int64_t{1} << 62}}})
+            .dcr_code() == dcr::errc::ok);
+  CHECK(registry_error({{"w", dcr::dtype::u8, {two32, 0, two32}}}).dcr_code() == dcr::errc::ok);
+
+  // The one checked helper behind every shape product.
+  const std::vector<std::int64_t> big{two32, two32}, fits{two32, two32 / 2 - 1}, empty{0, two32, two32};
+  CHECK_FALSE(dcr::checked_numel(big).has_value());
+  CHECK(dcr::checked_numel(fits) == two32 * (two32 / 2 - 1));
+  CHECK(dcr::checked_numel(empty) == 0);
+  CHECK(dcr::checked_numel(std::vector<std::int64_t>{}) == 1);
+  CHECK_FALSE(dcr::checked_numel(std::vector<std::int64_t>{2, -1}).has_value());
+  CHECK_FALSE(dcr::checked_numel(fits, two32).has_value());
+  // Contiguous views refuse it too; an empty view of huge extents is fine.
+  std::uint16_t w = 0;
+  try {
+    (void)dcr::tensor_view<std::uint16_t>::contiguous(&w, big);
+    FAIL("overflowing view accepted");
+  } catch (const dcr::error& err) {
+    CHECK(err.dcr_code() == dcr::errc::overflow);
+  }
+  CHECK(dcr::tensor_view<std::uint16_t>::contiguous(&w, empty).size() == 0);
 }

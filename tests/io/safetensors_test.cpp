@@ -237,6 +237,11 @@ TEST_CASE("the writer refuses what it cannot write, and writes nothing") {
   const std::vector<safetensors_tensor> utf = {{"\xff", dtype::u8, {8}, d}};
   CHECK(thrown_error([&] { (void)serialize_safetensors(utf); }).dcr_code() ==
         errc::invalid_argument);
+  const std::vector<safetensors_tensor> huge = {
+      {"a", dtype::u8, {std::int64_t{1} << 32, std::int64_t{1} << 32}, {}}};
+  const auto overflow = thrown_error([&] { write_safetensors(dir / "x.safetensors", huge); });
+  CHECK(overflow.dcr_code() == errc::overflow);
+  CHECK(std::string(overflow.what()).find("'a'") != std::string::npos);
   CHECK(dir.files().empty());
   CHECK(thrown_error([&] { (void)safetensors_file::open(dir / "missing.safetensors"); })
             .dcr_code() == errc::io_error);

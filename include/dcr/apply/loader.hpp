@@ -35,17 +35,35 @@
 //   * dst and src of one copy have the same extents;
 //   * each canonical value reaches storage unchanged or through one element transform
 //     (dcr/apply/transform.hpp: dtype casts on bits); the two-argument copy() is the identity;
-//   * each destination element receives at most one canonical element (writing the same
-//     element twice, or tied tensors sharing storage, makes the tensor overwrite-only);
+//   * each destination element receives at most one canonical element: writing the same
+//     element twice makes the tensor overwrite-only; two different tensors may share storage
+//     only as a declared tie (below), which makes both overwrite-only;
 //   * the loader does not modify its src (the scratch);
 //   * for every tensor, load() either issues copies or calls skip(t), never both, never neither;
 //   * load() is deterministic: the same tensor yields the same copies on every call, and the
 //     placement does not depend on the values in src.
+//
+// Tied weights. An engine that loads two canonical tensors into one storage (a model with
+// tie_word_embeddings whose checkpoint stores both model.embed_tokens.weight and lm_head.weight)
+// declares the pair with a member function
+//
+//     std::vector<dcr::tensor_tie> tied_tensors() const {
+//       return {{"model.embed_tokens.weight", "lm_head.weight"}};
+//     }
+//
+// Element i of one tensor may then land where element i of the other does (same dtype, same
+// transform); both tensors become overwrite-only, and exactness relies on the checkpoint keeping
+// them bit-equal, as tied weights are. Any overlap of two tensors' writes that is not declared
+// is refused at prewarm, naming both tensors and the destination address range: a loader that
+// writes lm_head into the embedding's storage by mistake would otherwise commit a result no
+// dense load gives.
 #pragma once
 
 #include <concepts>
 #include <cstdint>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "dcr/apply/transform.hpp"
 #include "dcr/canonical.hpp"
@@ -56,6 +74,18 @@ namespace dcr {
 
 /// Opt-in tag: a loader declares `using loader_concept = dcr::loader_tag;`.
 struct loader_tag {};
+
+/// Two canonical tensors (by name) that an engine loads into one shared storage: a tie.
+struct tensor_tie {
+  std::string first;
+  std::string second;
+};
+
+/// A loader that declares its ties: `std::vector<dcr::tensor_tie> tied_tensors() const`.
+template <class L>
+concept declares_ties = requires(const L& l) {
+  { l.tied_tensors() } -> std::convertible_to<std::vector<tensor_tie>>;
+};
 
 /// Opt-in tag carried by dcr's sinks (`using sink_concept = dcr::sink_tag;`).
 struct sink_tag {};

@@ -23,15 +23,19 @@
 //   * two loads of the same tensor issue the same copies (determinism);
 //   * no destination element receives two different canonical elements. Writes are compared
 //     byte-exactly across all tensors (copies grouped by overlapping address windows, then a
-//     bitmap of the written bytes of each group). Two writes of the same canonical element
-//     (same tensor, same index, same transform) into the same destination element are allowed
-//     and make the tensor overwrite-only (an xor applied twice would cancel). The same
-//     destination element written by element i of two *different* tensors of the same dtype
-//     with the same transform is a tie (an engine sharing one storage for
+//     bitmap of the written bytes of each group, over the group's window when the writes fill
+//     it, else over only the 64-unit blocks they touch: memory follows the elements placed, not
+//     the address span, when one tensor's parts lie in allocations far apart). Two writes of
+//     the same canonical element (same tensor, same index, same transform) into the same
+//     destination element are allowed and make the tensor overwrite-only (an xor applied twice
+//     would cancel). The same destination element written by element i of two *different*
+//     tensors of the same dtype with the same transform is allowed only as a tie the loader
+//     declares (tied_tensors(), dcr/apply/loader.hpp: an engine sharing one storage for
 //     model.embed_tokens.weight and lm_head.weight and loading both): both tensors become
 //     overwrite-only, and exactness relies on the checkpoint keeping them bit-equal, as tied
-//     weights are. Anything else (two different indices, or partially overlapping words) is an
-//     error naming both tensors: no delta can reproduce a dense load's "last write wins".
+//     weights are. Anything else (an undeclared tie, two different indices, partially
+//     overlapping words) is an error naming both tensors and the overlapping destination byte
+//     range: no delta can reproduce a dense load's "last write wins".
 // A tensor is overwrite-only (xor/ulp records refused) when any of its non-empty copies has a
 // transform other than the identity, or it takes part in a repeated write or a tie; the plan
 // reports why. An empty copy (a rank whose share of the tensor is empty, e.g. 4 rows over 5
@@ -47,14 +51,17 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dcr/apply/loader.hpp"
@@ -248,19 +255,71 @@ inline bool dst_non_overlapping(const placement& p) noexcept {
   return is_non_overlapping_layout(p.inv.extent.data(), p.inv.dst_step.data(), p.inv.dims);
 }
 
-/// Per-tensor overwrite-only marks collected by the write analysis.
+/// The ties a loader declares (dcr::declares_ties), as ordered pairs of tensor ids.
+class tie_set {
+ public:
+  tie_set() = default;
+  /// Checks and records `ties`: names in the registry (errc::unknown_tensor), two different
+  /// tensors of one dtype and shape (errc::invalid_argument).
+  tie_set(const tensor_registry& reg, const std::vector<tensor_tie>& ties) {
+    for (const tensor_tie& t : ties) {
+      const auto a = reg.find(t.first), b = reg.find(t.second);
+      const std::string pair = "'" + t.first + "' and '" + t.second + "'";
+      DCR_EXPECTS(a.has_value() && b.has_value(), errc::unknown_tensor,
+                  "dcr loader: tied_tensors() declares " + pair + ", but '" +
+                      (a.has_value() ? t.second : t.first) + "' is not in the registry");
+      const canonical_tensor& ta = reg.at(*a);
+      const canonical_tensor& tb = reg.at(*b);
+      DCR_EXPECTS(*a != *b && ta.type == tb.type && ta.shape == tb.shape, errc::invalid_argument,
+                  "dcr loader: tied_tensors() declares " + pair +
+                      ", which are not two tensors of one dtype and shape");
+      pairs_.emplace_back(std::min(*a, *b), std::max(*a, *b));
+    }
+    std::sort(pairs_.begin(), pairs_.end());
+  }
+  /// Whether tensors `a` and `b` are declared tied.
+  [[nodiscard]] bool contains(tensor_id a, tensor_id b) const noexcept {
+    return std::binary_search(pairs_.begin(), pairs_.end(),
+                              std::pair<tensor_id, tensor_id>(std::min(a, b), std::max(a, b)));
+  }
+
+ private:
+  std::vector<std::pair<tensor_id, tensor_id>> pairs_;
+};
+
+/// "0x7f12345000".
+inline std::string hex_address(std::uintptr_t a) {
+  char buf[2 + 2 * sizeof(std::uintptr_t)] = {'0', 'x'};
+  const auto r = std::to_chars(buf + 2, buf + sizeof(buf), a, 16);
+  return std::string(buf, r.ptr);
+}
+
+/// Two writes of one destination byte range that no delta can reproduce: the first found, and
+/// the destination bytes over which the same two tensors conflict.
+struct write_conflict {
+  tensor_id a = 0, b = 0;
+  std::int64_t ia = 0, ib = 0;    ///< canonical indices of the first conflicting pair
+  bool same_element = false;      ///< element i of both, same dtype and transform: a tie
+  std::uintptr_t lo = 0, hi = 0;  ///< overlapping destination bytes [lo, hi)
+};
+
+/// Per-tensor overwrite-only marks collected by the write analysis, and the first conflict.
 struct overlap_marks {
   std::vector<std::string> reason;  // by tensor id, first reason found
+  std::optional<write_conflict> conflict;
   void mark(tensor_id id, std::string why) {
     if (reason[id].empty()) reason[id] = std::move(why);
   }
 };
 
-/// Two writes of the same destination element: the same canonical element again (or a tie),
-/// else an error. `a`, `b`: the records; `ia`, `ib`: canonical indices.
-inline void classify_repeat(const tensor_registry& reg, overlap_marks& marks, const placement& a,
-                            std::int64_t ia, const placement& b, std::int64_t ib,
-                            bool same_element_bytes) {
+/// Two writes of the overlapping destination bytes [lo, hi): the same canonical element again,
+/// or the same element of a declared tie (marks), else a conflict (the first is kept, its byte
+/// range grown by later conflicts of the same two tensors). `a`, `b`: the records; `ia`, `ib`:
+/// canonical indices.
+inline void classify_repeat(const tensor_registry& reg, const tie_set& ties, overlap_marks& marks,
+                            const placement& a, std::int64_t ia, const placement& b,
+                            std::int64_t ib, bool same_element_bytes, std::uintptr_t lo,
+                            std::uintptr_t hi) {
   const canonical_tensor& ta = reg.at(a.tensor);
   const canonical_tensor& tb = reg.at(b.tensor);
   const bool same_value = same_element_bytes && ia == ib && a.transform == b.transform &&
@@ -269,25 +328,91 @@ inline void classify_repeat(const tensor_registry& reg, overlap_marks& marks, co
     marks.mark(a.tensor, "writes destination elements more than once (an xor would cancel)");
     return;
   }
-  if (same_value) {
+  if (same_value && ties.contains(a.tensor, b.tensor)) {
     marks.mark(a.tensor, "shares destination storage with '" + tb.name + "' (tied)");
     marks.mark(b.tensor, "shares destination storage with '" + ta.name + "' (tied)");
     return;
   }
-  const std::string what = a.tensor == b.tensor
-                               ? "tensor '" + ta.name + "' writes elements " + std::to_string(ia) +
-                                     " and " + std::to_string(ib)
-                               : "tensor '" + ta.name + "' element " + std::to_string(ia) +
-                                     " and tensor '" + tb.name + "' element " + std::to_string(ib);
-  throw error(errc::unsupported_loader_path,
-              "dcr loader: " + what +
-                  " into overlapping destination bytes; each destination element must come from "
-                  "one canonical element (only the same element, or the same element of a tied "
-                  "tensor, may be written twice)");
+  auto& c = marks.conflict;
+  if (!c) {
+    c = write_conflict{a.tensor, b.tensor, ia, ib, same_value, lo, hi};
+  } else if (std::minmax(c->a, c->b) == std::minmax(a.tensor, b.tensor)) {
+    c->lo = std::min(c->lo, lo);
+    c->hi = std::max(c->hi, hi);
+  }
 }
 
-/// Byte-exact analysis of the records of one address-window cluster that may overlap.
-inline void analyze_cluster(const tensor_registry& reg, overlap_marks& marks,
+/// Throws errc::unsupported_loader_path for the conflict the analysis found, if any.
+inline void refuse_conflict(const tensor_registry& reg, const overlap_marks& marks) {
+  if (!marks.conflict) return;
+  const write_conflict& c = *marks.conflict;
+  const std::string& na = reg.at(c.a).name;
+  const std::string& nb = reg.at(c.b).name;
+  const std::string range = "destination bytes [" + hex_address(c.lo) + ", " + hex_address(c.hi) +
+                            ") (" + std::to_string(c.hi - c.lo) + " bytes)";
+  if (c.same_element)
+    throw error(errc::unsupported_loader_path,
+                "dcr loader: tensors '" + na + "' and '" + nb +
+                    "' are written into the same storage, element for element, at " + range +
+                    ", and the loader does not declare them tied. If the model ties them, "
+                    "declare the pair in the loader: std::vector<dcr::tensor_tie> tied_tensors() "
+                    "const { return {{\"" + na + "\", \"" + nb + "\"}}; } (both become "
+                    "overwrite-only); otherwise the loader writes one tensor into the other's "
+                    "storage, which no delta can reproduce");
+  const std::string what = c.a == c.b
+                               ? "tensor '" + na + "' writes elements " + std::to_string(c.ia) +
+                                     " and " + std::to_string(c.ib)
+                               : "tensor '" + na + "' element " + std::to_string(c.ia) +
+                                     " and tensor '" + nb + "' element " + std::to_string(c.ib);
+  throw error(errc::unsupported_loader_path,
+              "dcr loader: " + what + " into overlapping " + range +
+                  "; each destination element must come from one canonical element (only the "
+                  "same element, or the same element of a declared tie, may be written twice)");
+}
+
+/// Bit slots for the destination units of one cluster, in memory proportional to the units its
+/// records write, however far apart they lie: one bit per unit of the cluster's whole window when
+/// the writes fill at least 1/8 of it, else one bit per unit of only the 64-unit blocks they touch
+/// (sorted block numbers, found by binary search from the last block hit). A loader may copy one
+/// tensor's parts into allocations far apart with another tensor in the gap; their cluster's
+/// window then spans the gap, which a bitmap over the window would have to cover.
+class unit_slots {
+ public:
+  /// Slots for every unit of a window of `units` units.
+  void cover_window(std::uint64_t units) {
+    window_ = true;
+    blocks_.clear();
+    words_ = static_cast<std::size_t>((units + 63) / 64);
+  }
+  /// Slots for the units of the 64-unit blocks in `blocks` (sorted, unique) only.
+  void cover_blocks(std::vector<std::uint64_t>&& blocks) {
+    window_ = false;
+    blocks_ = std::move(blocks);
+    words_ = blocks_.size();
+    last_ = 0;
+  }
+  /// Number of 64-bit words a bitmap over the slots needs.
+  [[nodiscard]] std::size_t words() const noexcept { return words_; }
+  /// The bitmap word that holds unit `u` (a unit of a covered block).
+  [[nodiscard]] std::size_t word_of(std::uint64_t u) noexcept {
+    const std::uint64_t b = u / 64;
+    if (window_) return static_cast<std::size_t>(b);
+    if (blocks_[last_] != b)
+      last_ = static_cast<std::size_t>(std::lower_bound(blocks_.begin(), blocks_.end(), b) -
+                                       blocks_.begin());
+    return last_;
+  }
+
+ private:
+  bool window_ = true;
+  std::vector<std::uint64_t> blocks_;
+  std::size_t words_ = 0;
+  std::size_t last_ = 0;
+};
+
+/// Byte-exact analysis of the records of one address-window cluster that may overlap. Memory:
+/// O(units written), never O(window) (see unit_slots).
+inline void analyze_cluster(const tensor_registry& reg, const tie_set& ties, overlap_marks& marks,
                             std::span<const placement* const> cluster, std::uintptr_t lo,
                             std::uintptr_t hi, std::vector<std::uint64_t>& seen,
                             std::vector<std::uint64_t>& multi) {
@@ -299,28 +424,50 @@ inline void analyze_cluster(const tensor_registry& reg, overlap_marks& marks,
     g = std::gcd(g, static_cast<std::uint64_t>(p->dst_bytes));
     g = std::gcd(g, static_cast<std::uint64_t>(p_lo - lo));
   }
-  const std::uint64_t units = (hi - lo) / g;
-  const std::size_t words = static_cast<std::size_t>((units + 63) / 64);
-  seen.assign(words, 0);
-  multi.assign(words, 0);
-  bool any = false;
-  for (const placement* p : cluster) {
-    const auto base = reinterpret_cast<std::uintptr_t>(p->dst) - lo;
-    const std::uint64_t per = p->dst_bytes / g;
-    p->inv.for_each([&](std::int64_t, std::int64_t off) {
-      const std::uint64_t u0 =
-          (base + static_cast<std::uint64_t>(off * static_cast<std::int64_t>(p->dst_bytes))) / g;
-      for (std::uint64_t u = u0; u < u0 + per; ++u) {
-        const std::uint64_t bit = std::uint64_t{1} << (u % 64);
-        if (seen[u / 64] & bit) {
-          multi[u / 64] |= bit;
-          any = true;
-        } else {
-          seen[u / 64] |= bit;
-        }
-      }
+  // Calls f(record, rel, first unit, units) for every element written, units relative to lo.
+  const auto for_each_element = [&](auto&& f) {
+    for (const placement* p : cluster) {
+      const auto base = reinterpret_cast<std::uintptr_t>(p->dst) - lo;
+      const std::uint64_t per = p->dst_bytes / g;
+      p->inv.for_each([&](std::int64_t rel, std::int64_t off) {
+        const std::uint64_t rel_addr =
+            base + static_cast<std::uint64_t>(off * static_cast<std::int64_t>(p->dst_bytes));
+        f(*p, rel, rel_addr / g, per);
+      });
+    }
+  };
+  const std::uint64_t window_units = (hi - lo) / g;
+  std::uint64_t written_units = 0;
+  for (const placement* p : cluster)
+    written_units += static_cast<std::uint64_t>(p->inv.size()) * (p->dst_bytes / g);
+  unit_slots slots;
+  if (window_units / 8 <= written_units) {
+    slots.cover_window(window_units);
+  } else {
+    std::vector<std::uint64_t> blocks;
+    for_each_element([&](const placement&, std::int64_t, std::uint64_t u0, std::uint64_t per) {
+      for (std::uint64_t b = u0 / 64; b <= (u0 + per - 1) / 64; ++b)
+        if (blocks.empty() || blocks.back() != b) blocks.push_back(b);
     });
+    std::sort(blocks.begin(), blocks.end());
+    blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+    slots.cover_blocks(std::move(blocks));
   }
+  seen.assign(slots.words(), 0);
+  multi.assign(slots.words(), 0);
+  bool any = false;
+  for_each_element([&](const placement&, std::int64_t, std::uint64_t u0, std::uint64_t per) {
+    for (std::uint64_t u = u0; u < u0 + per; ++u) {
+      const std::size_t w = slots.word_of(u);
+      const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+      if (seen[w] & bit) {
+        multi[w] |= bit;
+        any = true;
+      } else {
+        seen[w] |= bit;
+      }
+    }
+  });
   if (!any) return;
   // Second pass over the elements that touch a repeatedly written unit only.
   struct entry {
@@ -329,20 +476,13 @@ inline void analyze_cluster(const tensor_registry& reg, overlap_marks& marks,
     std::int64_t index;
   };
   std::vector<entry> entries;
-  for (const placement* p : cluster) {
-    const auto base = reinterpret_cast<std::uintptr_t>(p->dst) - lo;
-    const std::uint64_t per = p->dst_bytes / g;
-    p->inv.for_each([&](std::int64_t rel, std::int64_t off) {
-      const std::uint64_t rel_addr =
-          base + static_cast<std::uint64_t>(off * static_cast<std::int64_t>(p->dst_bytes));
-      const std::uint64_t u0 = rel_addr / g;
-      for (std::uint64_t u = u0; u < u0 + per; ++u)
-        if (multi[u / 64] & (std::uint64_t{1} << (u % 64))) {
-          entries.push_back({lo + rel_addr, p, p->first + rel});
-          break;
-        }
-    });
-  }
+  for_each_element([&](const placement& p, std::int64_t rel, std::uint64_t u0, std::uint64_t per) {
+    for (std::uint64_t u = u0; u < u0 + per; ++u)
+      if (multi[slots.word_of(u)] & (std::uint64_t{1} << (u % 64))) {
+        entries.push_back({lo + u0 * g, &p, p.first + rel});
+        break;
+      }
+  });
   std::sort(entries.begin(), entries.end(),
             [](const entry& a, const entry& b) { return a.addr < b.addr; });
   std::size_t head = 0;  // first entry of the current group of overlapping writes
@@ -351,8 +491,9 @@ inline void analyze_cluster(const tensor_registry& reg, overlap_marks& marks,
     const entry& e = entries[k];
     if (k > 0 && e.addr < group_end) {
       const entry& h = entries[head];
-      classify_repeat(reg, marks, *h.p, h.index, *e.p, e.index,
-                      e.addr == h.addr && e.p->dst_bytes == h.p->dst_bytes);
+      classify_repeat(reg, ties, marks, *h.p, h.index, *e.p, e.index,
+                      e.addr == h.addr && e.p->dst_bytes == h.p->dst_bytes, e.addr,
+                      std::min<std::uintptr_t>(group_end, e.addr + e.p->dst_bytes));
       group_end = std::max<std::uintptr_t>(group_end, e.addr + e.p->dst_bytes);
     } else {
       head = k;
@@ -363,8 +504,8 @@ inline void analyze_cluster(const tensor_registry& reg, overlap_marks& marks,
 
 /// Finds every destination element written more than once across the whole plan and marks or
 /// rejects it (see the file comment).
-inline void analyze_writes(const tensor_registry& reg, std::span<const placement> all,
-                           overlap_marks& marks) {
+inline void analyze_writes(const tensor_registry& reg, const tie_set& ties,
+                           std::span<const placement> all, overlap_marks& marks) {
   // 1. Structurally repeated records (same first, geometry, dst, width, transform): the same
   //    canonical index lands on the same element; resolved without touching elements.
   std::vector<const placement*> order;
@@ -383,7 +524,9 @@ inline void analyze_writes(const tensor_registry& reg, std::span<const placement
     bool repeated = false;
     for (auto it = unique.rbegin(); it != unique.rend() && (*it)->dst == p->dst; ++it)
       if (same_record(**it, *p)) {
-        classify_repeat(reg, marks, **it, (*it)->first, *p, p->first, true);
+        std::uintptr_t lo = 0, hi = 0;
+        byte_window(*p, lo, hi);
+        classify_repeat(reg, ties, marks, **it, (*it)->first, *p, p->first, true, lo, hi);
         repeated = true;
         break;
       }
@@ -413,7 +556,7 @@ inline void analyze_writes(const tensor_registry& reg, std::span<const placement
     if (j - i > 1 || !dst_non_overlapping(*windows[i].p)) {
       cluster.clear();
       for (std::size_t k = i; k < j; ++k) cluster.push_back(windows[k].p);
-      analyze_cluster(reg, marks, cluster, windows[i].lo, hi, seen, multi);
+      analyze_cluster(reg, ties, marks, cluster, windows[i].lo, hi, seen, multi);
     }
     i = j;
   }
@@ -538,7 +681,14 @@ placement_plan compile_placement(const tensor_registry& registry, Loader& loader
     if (!p.transform.preserves_bits())
       marks.mark(p.tensor, "copies through " + transform_name(p.transform) +
                                ", which does not preserve bits");
-  detail::analyze_writes(registry, plan.placements_, marks);
+  const detail::tie_set ties = [&] {
+    if constexpr (declares_ties<Loader>)
+      return detail::tie_set(registry, std::as_const(loader).tied_tensors());
+    else
+      return detail::tie_set();
+  }();
+  detail::analyze_writes(registry, ties, plan.placements_, marks);
+  detail::refuse_conflict(registry, marks);
   for (std::size_t id = 0; id < tensors.size(); ++id) {
     tensor_placement& rep = plan.tensors_[id];
     rep.overwrite_only = !marks.reason[id].empty();

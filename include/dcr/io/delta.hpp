@@ -50,6 +50,7 @@
 #include "dcr/error.hpp"
 #include "dcr/io/file.hpp"
 #include "dcr/io/safetensors.hpp"
+#include "dcr/shape.hpp"
 
 namespace dcr::io {
 

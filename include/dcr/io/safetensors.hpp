@@ -53,6 +53,7 @@
 #include "dcr/dtype.hpp"
 #include "dcr/error.hpp"
 #include "dcr/io/file.hpp"
+#include "dcr/shape.hpp"
 
 namespace dcr::io {
 
@@ -269,11 +270,6 @@ inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
     e.type = *type;
     const auto& shape = v["shape"];
     DCR_EXPECTS(shape.is_array(), errc::corrupt_payload, at + ": \"shape\" is not an array");
-    // A zero extent makes the product 0 whatever the other extents are.
-    const bool empty = std::any_of(shape.begin(), shape.end(),
-                                   [](const auto& d) { return d.is_number() && d == 0; });
-    std::uint64_t numel = empty ? 0 : 1;
-    bool numel_overflows = false;
     for (const auto& d : shape) {
       bool ok = true;
       const std::uint64_t extent = detail::json_u64(d, ok);
@@ -281,16 +277,14 @@ inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
                   at + ": \"shape\" holds " + d.dump() + ", not a non-negative integer");
       DCR_EXPECTS(extent <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
                   errc::overflow, at + ": extent " + std::to_string(extent) + " is too large");
-      if (!empty && numel > std::numeric_limits<std::uint64_t>::max() / extent)
-        numel_overflows = true;
-      else
-        numel *= extent;
       e.shape.push_back(static_cast<std::int64_t>(extent));
     }
+    // A zero extent makes the count 0 whatever the other extents are (checked_numel).
     const std::uint64_t word = dtype_size(e.type);
-    DCR_EXPECTS(!numel_overflows && numel <= std::numeric_limits<std::uint64_t>::max() / word &&
-                    numel <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
-                errc::overflow, at + ": the element count of its shape overflows");
+    const auto numel = checked_numel(
+        e.shape, std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(word));
+    DCR_EXPECTS(numel.has_value(), errc::overflow,
+                at + ": the element count of its shape " + shape_string(e.shape) + " overflows");
 
     const auto& offsets = v["data_offsets"];
     DCR_EXPECTS(offsets.is_array() && offsets.size() == 2, errc::corrupt_payload,
@@ -303,10 +297,10 @@ inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
     DCR_EXPECTS(e.begin <= e.end, errc::corrupt_payload,
                 at + ": \"data_offsets\" " + offsets.dump() + " begin after they end");
     needed = std::max(needed, e.end);
-    DCR_EXPECTS(e.end - e.begin == numel * word, errc::shape_mismatch,
+    DCR_EXPECTS(e.end - e.begin == *numel * word, errc::shape_mismatch,
                 at + ": " + std::to_string(e.end - e.begin) + " bytes, but " +
-                    std::to_string(numel) + " elements of " + std::string(dtype_name(e.type)) +
-                    " take " + std::to_string(numel * word));
+                    std::to_string(*numel) + " elements of " + std::string(dtype_name(e.type)) +
+                    " take " + std::to_string(*numel * word));
     tensors.push_back(std::move(e));
   }
 
@@ -433,11 +427,7 @@ struct safetensors_tensor {
     DCR_EXPECTS(!t.name.empty() && t.name != "__metadata__", errc::invalid_argument,
                 "safetensors writer: invalid tensor name '" + t.name + "'");
     DCR_EXPECTS(!doc.contains(t.name), errc::invalid_argument, where + " appears twice");
-    std::uint64_t numel = 1;
-    for (auto e : t.shape) {
-      DCR_EXPECTS(e >= 0, errc::invalid_argument, where + ": negative extent");
-      numel *= static_cast<std::uint64_t>(e);
-    }
+    const auto numel = static_cast<std::uint64_t>(expect_numel(t.shape, dtype_size(t.type), where));
     DCR_EXPECTS(t.data.size() == numel * dtype_size(t.type), errc::shape_mismatch,
                 where + ": " + std::to_string(t.data.size()) + " bytes for " +
                     std::to_string(numel) + " elements of " + std::string(dtype_name(t.type)));

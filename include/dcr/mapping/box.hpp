@@ -8,6 +8,7 @@
 
 #include "dcr/error.hpp"
 #include "dcr/mapping/concept.hpp"
+#include "dcr/shape.hpp"
 #include "dcr/tensor_view.hpp"
 
 namespace dcr {
@@ -29,15 +30,15 @@ class box {
                 "box: rank exceeds dcr::max_rank");
     DCR_EXPECTS(offsets.size() == r && extents.size() == r && (axes.empty() || axes.size() == r),
                 errc::invalid_argument, "box: offsets/extents/axes rank differs from the shape");
+    canonical_size_ = static_cast<std::uint64_t>(expect_numel(canonical_shape, 1, "box"));
     rank_ = static_cast<int>(r);
     std::array<bool, max_rank> used{};
     index_array canonical_strides{};
-    std::int64_t stride = 1;
+    std::uint64_t stride = 1;  // unsigned: an empty tensor's strides may wrap, addressing nothing
     for (int d = rank_ - 1; d >= 0; --d) {
-      canonical_strides[d] = stride;
-      stride *= canonical_shape[d];
+      canonical_strides[d] = static_cast<std::int64_t>(stride);
+      stride *= static_cast<std::uint64_t>(canonical_shape[d]);
     }
-    canonical_size_ = static_cast<std::uint64_t>(stride);
     base_ = 0;
     local_size_ = 1;
     exhaustive_ = true;
@@ -45,7 +46,7 @@ class box {
       DCR_EXPECTS(offsets[d] >= 0 && extents[d] >= 0 &&
                       offsets[d] + extents[d] <= canonical_shape[d],
                   errc::out_of_range, "box: box extends past the canonical tensor");
-      base_ += static_cast<std::uint64_t>(offsets[d] * canonical_strides[d]);
+      base_ += static_cast<std::uint64_t>(offsets[d]) * static_cast<std::uint64_t>(canonical_strides[d]);
       local_size_ *= static_cast<std::uint64_t>(extents[d]);
       if (extents[d] != canonical_shape[d]) exhaustive_ = false;
     }

@@ -21,8 +21,9 @@ class column_split {
     DCR_EXPECTS(!canonical_shape.empty(), errc::invalid_argument, "column_split: scalar tensor");
     DCR_EXPECTS(world >= 1 && rank >= 0 && rank < world, errc::invalid_argument,
                 "column_split: rank outside [0, world)");
-    std::int64_t outer = 1;
-    for (std::size_t d = 0; d + 1 < canonical_shape.size(); ++d) outer *= canonical_shape[d];
+    (void)expect_numel(canonical_shape, 1, "column_split");
+    const std::int64_t outer =
+        expect_numel(canonical_shape.first(canonical_shape.size() - 1), 1, "column_split: one column");
     const std::int64_t cols = canonical_shape.back();
     const auto mine = balanced_split(cols, world, rank);
     columns_ = static_cast<std::uint64_t>(cols);

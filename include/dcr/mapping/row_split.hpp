@@ -22,8 +22,8 @@ class row_split {
     DCR_EXPECTS(!canonical_shape.empty(), errc::invalid_argument, "row_split: scalar tensor");
     DCR_EXPECTS(world >= 1 && rank >= 0 && rank < world, errc::invalid_argument,
                 "row_split: rank outside [0, world)");
-    std::int64_t row_elems = 1;
-    for (std::size_t d = 1; d < canonical_shape.size(); ++d) row_elems *= canonical_shape[d];
+    (void)expect_numel(canonical_shape, 1, "row_split");
+    const std::int64_t row_elems = expect_numel(canonical_shape.subspan(1), 1, "row_split: one row");
     const auto rows = balanced_split(canonical_shape[0], world, rank);
     offset_ = static_cast<std::uint64_t>(rows.begin * row_elems);
     size_ = static_cast<std::uint64_t>(rows.size() * row_elems);

@@ -228,6 +228,15 @@ class moe_engine_loader {
 
   explicit moe_engine_loader(moe_engine_storage& storage) : storage_(&storage) {}
 
+  /// embedding_tie::store_both on a layout without lm_head storage of its own: the loader
+  /// writes model.embed_tokens.weight and lm_head.weight into one storage, a declared tie.
+  std::vector<tensor_tie> tied_tensors() const {
+    if (storage_->config().tie_embeddings != embedding_tie::store_both ||
+        storage_->has_own_lm_head_storage())
+      return {};
+    return {{"model.embed_tokens.weight", "lm_head.weight"}};
+  }
+
   template <storage_word W, class Sink>
   void load(const canonical_tensor& t, tensor_view<const W> src, Sink& sink) {
     const auto& c = storage_->config();
