@@ -397,6 +397,7 @@ TEST_CASE("in place: a crash after any step never leaves a partial file at BASE,
   const auto new_bytes = read_file(fx.new_path);
   for (std::size_t s = 0; s < in_place_step_names.size(); ++s) {
     const auto step = static_cast<in_place_step>(s);
+    if (step == in_place_step::index_written) continue;  // directories only (sharded tests)
     CAPTURE(in_place_step_name(step));
     for (const bool via_apply : {false, true}) {
       CAPTURE(via_apply);
