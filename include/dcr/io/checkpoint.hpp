@@ -181,7 +181,7 @@ struct diff_options {
   /// Called on the calling thread after each tensor is scanned with the tensor bytes scanned so
   /// far and in all (of this diff; for sharded checkpoints, of all shards): for progress
   /// displays. Does not change the delta.
-  std::function<void(std::uint64_t done, std::uint64_t total)> progress;
+  std::function<void(std::uint64_t done, std::uint64_t total)> progress = {};
 };
 
 /// What a diff did.
