@@ -423,6 +423,7 @@ TEST_CASE("in place: a crash after any step never leaves a partial file at BASE,
   const auto new_bytes = read_file(fx.new_path);
   for (std::size_t s = 0; s < in_place_step_names.size(); ++s) {
     const auto step = static_cast<in_place_step>(s);
+    if (step == in_place_step::index_written) continue;  // directories only (sharded tests)
     CAPTURE(in_place_step_name(step));
     for (const bool via_apply : {false, true}) {
       CAPTURE(via_apply);
@@ -631,8 +632,8 @@ TEST_CASE("a delta listing an element twice, in two payloads, is refused the sam
   again.indices = {items[0].indices[0]};
   const auto& t = d.registry().tensors()[again.tensor];
   const std::size_t w = dcr::dtype_size(t.type);
-  const auto* e = safetensors_file::open(fx.new_path).find(t.name);
   const auto new_file = safetensors_file::open(fx.new_path);
+  const auto* e = new_file.find(t.name);  // (not into a temporary file's header)
   const auto bytes = new_file.data(*e);
   again.values.assign(bytes.begin() + static_cast<std::ptrdiff_t>(again.indices[0] * w),
                       bytes.begin() + static_cast<std::ptrdiff_t>((again.indices[0] + 1) * w));

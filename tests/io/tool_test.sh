@@ -106,12 +106,12 @@ case "$scenario" in
     ;;
   wrong-base)
     "$dcr" diff "$old" "$new" -o ckpt/step.dcrdelta
-    expect_status 1 "$dcr" apply ckpt/step.dcrdelta "$other" -o ckpt/out.safetensors
+    expect_status 4 "$dcr" apply ckpt/step.dcrdelta "$other" -o ckpt/out.safetensors
     expect_in err.txt "verification failed"
     expect_in err.txt "wrong base"
     expect_in err.txt "its tensors have digest"
     cp "$other" ckpt/base.safetensors
-    expect_status 1 "$dcr" apply ckpt/step.dcrdelta ckpt/base.safetensors --in-place
+    expect_status 4 "$dcr" apply ckpt/step.dcrdelta ckpt/base.safetensors --in-place
     cmp ckpt/base.safetensors "$other" || fail "a refused in-place apply changed BASE"
     rm ckpt/base.safetensors
     expect_files "new.safetensors old.safetensors other.safetensors step.dcrdelta "
@@ -128,12 +128,12 @@ case "$scenario" in
     for at in 20 100 $((size / 2)) $((size - 3)); do
       cp ckpt/step.dcrdelta bad.dcrdelta
       printf '\x5a' | dd of=bad.dcrdelta bs=1 seek="$at" conv=notrunc status=none
-      expect_status 1 "$dcr" apply bad.dcrdelta "$old" -o ckpt/out.safetensors
+      expect_status 5 "$dcr" apply bad.dcrdelta "$old" -o ckpt/out.safetensors
       expect_in err.txt "error \["
-      expect_status 1 "$dcr" inspect bad.dcrdelta
+      expect_status 5 "$dcr" inspect bad.dcrdelta
     done
     head -c $((size - 100)) ckpt/step.dcrdelta >bad.dcrdelta
-    expect_status 1 "$dcr" apply bad.dcrdelta "$old" -o ckpt/out.safetensors
+    expect_status 5 "$dcr" apply bad.dcrdelta "$old" -o ckpt/out.safetensors
     expect_in err.txt "truncated"
     expect_files "new.safetensors old.safetensors other.safetensors step.dcrdelta "
     ;;
@@ -154,7 +154,7 @@ case "$scenario" in
     expect_in inspect.json '"name": "model.layers.0.fp8_e4m3"'
     "$dcr" inspect ckpt/step.dcrdelta "$old" >inspect.txt
     expect_in inspect.txt "model.norm.weight"
-    expect_status 1 "$dcr" inspect ckpt/step.dcrdelta "$new"
+    expect_status 4 "$dcr" inspect ckpt/step.dcrdelta "$new"
     expect_in err.txt "wrong base"
     # The target header decodes by hand as docs/tool.md shows: zstd with the base's header
     # content as its dictionary gives NEW's header bytes.
@@ -183,7 +183,7 @@ n = struct.unpack("<Q", b[:8])[0]; sys.exit(open(sys.argv[2], "rb").read() != b[
     expect_status 2 "$dcr" no-such-command
     expect_status 0 "$dcr" diff --help
     expect_in out.txt "usage: dcr diff"
-    expect_status 1 "$dcr" diff "$old" ckpt/missing.safetensors -o x
+    expect_status 7 "$dcr" diff "$old" ckpt/missing.safetensors -o x
     expect_in err.txt "missing.safetensors"
     [ ! -e x ] || fail "a failed diff left its output"
     ;;

@@ -47,6 +47,7 @@
 #include "dcr/detect/detect.hpp"
 #include "dcr/dtype.hpp"
 #include "dcr/error.hpp"
+#include "dcr/error_text.hpp"
 #include "dcr/io/delta.hpp"
 #include "dcr/io/file.hpp"
 #include "dcr/io/safetensors.hpp"
@@ -71,6 +72,40 @@ inline std::string shape_string(std::span<const std::int64_t> shape) {
 }
 
 }  // namespace detail
+
+/// Which input of a checkpoint operation an error is about: what a tool needs to tell a user
+/// which file to look at (`dcr` maps each to its own exit status, docs/tool.md).
+enum class input_fault : std::uint8_t {
+  delta,       ///< the delta file (or sharded delta) is damaged or malformed
+  checkpoint,  ///< a checkpoint (OLD, NEW, BASE, a shard, an index) is malformed, or OLD and
+               ///< NEW do not match each other
+  wrong_base,  ///< BASE is well formed but is not the delta's base
+};
+
+/// A dcr::error about one input (input_fault); code and text are the original error's.
+class input_error : public error {
+ public:
+  input_error(input_fault fault, errc code, const std::string& text)
+      : error(code, text), fault_(fault) {}
+  [[nodiscard]] input_fault fault() const noexcept { return fault_; }
+
+ private:
+  input_fault fault_;
+};
+
+/// Runs `f`, turning a dcr::error it throws into an input_error of `fault` (io_error, not_ready
+/// and errors already attributed pass unchanged: a file that cannot be read is not malformed).
+template <class F>
+decltype(auto) blame(input_fault fault, F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const input_error&) {
+    throw;
+  } catch (const error& e) {
+    if (e.dcr_code() == errc::io_error || e.dcr_code() == errc::not_ready) throw;
+    throw input_error(fault, e.dcr_code(), error_text(e));
+  }
+}
 
 /// Throws unless `actual` holds exactly the tensors `expected` lists, with the same dtypes and
 /// shapes. The message names both files and lists the first differences (at most five) with
@@ -143,6 +178,10 @@ struct diff_options {
   /// scans on (digest, compare, gather): close to twice the speed where two cores are free. The
   /// payloads' bytes do not depend on it; false keeps all the work on the calling thread.
   bool worker_thread = true;
+  /// Called on the calling thread after each tensor is scanned with the tensor bytes scanned so
+  /// far and in all (of this diff; for sharded checkpoints, of all shards): for progress
+  /// displays. Does not change the delta.
+  std::function<void(std::uint64_t done, std::uint64_t total)> progress = {};
 };
 
 /// What a diff did.
@@ -227,7 +266,8 @@ class checkpoint_differ {
     const std::string old_what = "OLD '" + old_file.path().string() + "'";
     const std::string new_what = "NEW '" + new_file.path().string() + "'";
     const auto tensors = old_file.header().canonical_tensors();
-    require_same_tensors(tensors, old_what, new_file.header(), new_what);
+    blame(input_fault::checkpoint,
+          [&] { require_same_tensors(tensors, old_what, new_file.header(), new_what); });
     file_registry_ = tensor_registry(tensors);
     pairs_.resize(file_registry_.size());
     digests_.resize(file_registry_.size());
@@ -326,6 +366,9 @@ class checkpoint_differ {
       // where digesting it again from memory on the worker would cost more than it saves.
       const bool digest = !digests.empty();
       if (options_.worker_thread && prefault) start_prefault(tensors);
+      std::uint64_t total_bytes = 0;
+      for (tensor_id id = 0; id < registry.size(); ++id)
+        total_bytes += static_cast<std::uint64_t>(registry.tensors()[id].bytes());
       for (tensor_id id = 0; id < registry.size(); ++id) {
         const canonical_tensor& t = registry.tensors()[id];
         if (digest) {
@@ -340,6 +383,7 @@ class checkpoint_differ {
         report.elements += static_cast<std::uint64_t>(t.numel());
         report.tensor_bytes += static_cast<std::uint64_t>(t.bytes());
         report.changed_tensors += report.changed_elements != before ? 1 : 0;
+        if (options_.progress) options_.progress(report.tensor_bytes, total_bytes);
       }
       if (slots_[filling_].used != 0) submit();
       wait_idle();
@@ -604,8 +648,10 @@ inline diff_report diff_checkpoints(const std::filesystem::path& old_path,
               "the delta '" + delta_path.string() + "' would replace OLD or NEW");
   // With a worker thread, it maps the pages in ahead of the scan; without, the mappings are
   // populated up front (cheaper than a fault per page).
-  const auto old_file = safetensors_file::open(old_path, !options.worker_thread);
-  const auto new_file = safetensors_file::open(new_path, !options.worker_thread);
+  const auto old_file = blame(input_fault::checkpoint,
+                              [&] { return safetensors_file::open(old_path, !options.worker_thread); });
+  const auto new_file = blame(input_fault::checkpoint,
+                              [&] { return safetensors_file::open(new_path, !options.worker_thread); });
   checkpoint_differ differ(options);
   auto report = differ.diff(old_file, new_file, delta_path);
   const double opening = detail::seconds_since(start) - report.seconds;
@@ -632,9 +678,9 @@ namespace detail {
 
 // Applies one decoded item to the bytes of its tensor (little-endian words).
 inline void apply_item(std::span<std::byte> tensor, const item& it, std::string_view where) {
-  DCR_EXPECTS(it.indices.empty() || it.indices.back() < tensor.size() / it.word_bytes(),
-              errc::out_of_range,
-              std::string(where) + ": item index beyond its tensor");
+  if (!it.indices.empty() && it.indices.back() >= tensor.size() / it.word_bytes())
+    throw input_error(input_fault::delta, errc::out_of_range,
+                      std::string(where) + ": item index beyond its tensor");
   visit_word(it.word_bytes(), [&]<class W>(W) {
     // The tensor's bytes as one contiguous record, through the shared per-record step.
     const auto numel = static_cast<std::int64_t>(tensor.size() / sizeof(W));
@@ -690,6 +736,24 @@ inline std::string digest_mismatch_message(const delta_file& d, std::span<const 
          (result ? "" : " (same tensor names, dtypes, shapes and header, other bytes)");
 }
 
+// d.bind_base(base), its errors attributed: other tensors or another header content than the
+// delta's base are a wrong base, a target header that does not decode a damaged delta.
+inline void bind_delta_base(delta_file& d, const safetensors_file& base,
+                            const std::string& base_what) {
+  try {
+    d.bind_base(base.header(), base.header_json(), base_what);
+  } catch (const input_error&) {
+    throw;
+  } catch (const error& e) {
+    const errc code = e.dcr_code();
+    if (code == errc::io_error || code == errc::not_ready) throw;
+    throw input_error(code == errc::registry_mismatch || code == errc::verification_failed
+                          ? input_fault::wrong_base
+                          : input_fault::delta,
+                      code, error_text(e));
+  }
+}
+
 }  // namespace detail
 
 /// In-place apply's journal and working file: `.<base name>.dcr-journal` and
@@ -709,8 +773,9 @@ inline std::string digest_mismatch_message(const delta_file& d, std::span<const 
 /// naming the base itself (invalid_argument; use apply_delta_in_place), a base with an
 /// unfinished in-place apply (not_ready). The output appears only after the result's tensors
 /// digest matched (else verification_failed and nothing is created). Errors of the delta file and
-/// payload decoder (corrupt_payload and the rest) leave nothing behind either.
-inline apply_report apply_delta(const std::filesystem::path& delta_path,
+/// payload decoder (corrupt_payload and the rest) leave nothing behind either. Binds `d` to BASE
+/// (delta_file::bind_base).
+inline apply_report apply_delta(delta_file& d,
                                 const std::filesystem::path& base_path,
                                 const std::filesystem::path& out_path) {
   const auto start = detail::clock::now();
@@ -718,23 +783,22 @@ inline apply_report apply_delta(const std::filesystem::path& delta_path,
               "BASE '" + base_path.string() + "' has an unfinished in-place apply (journal '" +
                   journal_path(base_path).string() + "'); run `dcr recover " +
                   base_path.string() + "` first");
-  auto d = delta_file::open(delta_path);
-  const auto base = safetensors_file::open(base_path, true);
+  const auto base =
+      blame(input_fault::checkpoint, [&] { return safetensors_file::open(base_path, true); });
   const std::string base_what = "BASE '" + base_path.string() + "'";
-  d.bind_base(base.header(), base.header_json(), base_what);
+  detail::bind_delta_base(d, base, base_what);
   const auto base_ranges = detail::ranges_in(d, base.header());
   if (!detail::tensors_are(d, base.bytes(), base_ranges, false))
-    throw error(errc::verification_failed,
+    throw input_error(input_fault::wrong_base, errc::verification_failed,
                 "wrong base: " + detail::digest_mismatch_message(d, base.bytes(), base_ranges,
                                                                  base_what, false));
   DCR_EXPECTS(!same_file(base_path, out_path), errc::invalid_argument,
               "OUT '" + out_path.string() + "' is BASE itself; use the in-place apply");
-  DCR_EXPECTS(!same_file(delta_path, out_path), errc::invalid_argument,
-              "OUT '" + out_path.string() + "' is the delta file itself");
 
   const safetensors_header& target = d.target_header();
   const auto out_ranges = detail::ranges_in(d, target);
   atomic_file out(out_path);
+  out.set_permissions(permission_bits(base_path));
   out.resize(target.file_size());
   std::byte length[8];
   dcr::detail::store_le<std::uint64_t>(length, target.header_size());
@@ -751,7 +815,7 @@ inline apply_report apply_delta(const std::filesystem::path& delta_path,
     delta_payloads payloads(d);
     std::vector<item> items;
     for (std::size_t i = 0; i < d.payload_count(); ++i) {
-      payloads.decode(i, items);
+      blame(input_fault::delta, [&] { payloads.decode(i, items); });
       for (const auto& it : items) {
         detail::apply_item(out_ranges.of(bytes, it.tensor), it, d.where());
         report.records += it.count();
@@ -771,6 +835,16 @@ inline apply_report apply_delta(const std::filesystem::path& delta_path,
   return report;
 }
 
+/// apply_delta(d, ...) of the delta file at `delta_path`, which OUT may not name either.
+inline apply_report apply_delta(const std::filesystem::path& delta_path,
+                                const std::filesystem::path& base_path,
+                                const std::filesystem::path& out_path) {
+  DCR_EXPECTS(!same_file(delta_path, out_path), errc::invalid_argument,
+              "OUT '" + out_path.string() + "' is the delta file itself");
+  auto d = blame(input_fault::delta, [&] { return delta_file::open(delta_path); });
+  return apply_delta(d, base_path, out_path);
+}
+
 // ------------------------------------------------------------------------------------------------
 // in place
 
@@ -784,11 +858,14 @@ enum class in_place_step : std::uint8_t {
   written,            ///< every new word and the header written and fsynced; not yet verified
   verified,           ///< the result's digest verified; working file not yet renamed back
   renamed_back,       ///< BASE holds the result; journal not yet removed
+  /// Directory apply only (sharded_checkpoint.hpp): every shard holds its result and the new
+  /// index is published; the directory's journal not yet removed.
+  index_written,
 };
 
-inline constexpr std::array<std::string_view, 7> in_place_step_names = {
-    "journal-written", "journal-committed", "base-hidden", "half-written",
-    "written",         "verified",          "renamed-back"};
+inline constexpr std::array<std::string_view, 8> in_place_step_names = {
+    "journal-written", "journal-committed", "base-hidden",  "half-written",
+    "written",         "verified",          "renamed-back", "index-written"};
 
 /// "journal-written", "journal-committed", ... (the DCR_CRASH_AT spellings).
 [[nodiscard]] constexpr std::string_view in_place_step_name(in_place_step s) noexcept {
@@ -809,6 +886,14 @@ struct in_place_options {
   /// Test hook: end the process with std::_Exit(crash_exit_status) right after this step, as a
   /// crash would (no destructors, no cleanup). Never set it outside crash tests.
   std::optional<in_place_step> crash_at;
+  /// Test hook of a directory apply: the per-shard steps (base_hidden .. renamed_back) crash only
+  /// on the shard at this position of the delta's shard list (DCR_CRASH_SHARD).
+  std::size_t crash_shard = 0;
+  /// Whether an in-place apply or recovery waits for another one working in the same directory
+  /// to finish (true), or refuses at once with not_ready (false).
+  bool wait_for_lock = true;
+  /// Called once, before waiting, when another process holds the lock (e.g. to say so).
+  std::function<void(const std::filesystem::path& dir)> on_lock_wait;
 };
 
 /// in_place_options whose crash_at comes from the environment variable DCR_CRASH_AT (a step
@@ -818,6 +903,8 @@ struct in_place_options {
   const char* v = std::getenv("DCR_CRASH_AT");
   if (v == nullptr || *v == '\0') return o;
   o.crash_at = parse_in_place_step(v);
+  if (const char* shard = std::getenv("DCR_CRASH_SHARD"); shard != nullptr && *shard != '\0')
+    o.crash_shard = static_cast<std::size_t>(std::strtoull(shard, nullptr, 10));
   if (!o.crash_at) {
     std::string names;
     for (auto n : in_place_step_names) names += (names.empty() ? "" : ", ") + std::string(n);
@@ -825,6 +912,24 @@ struct in_place_options {
                 "DCR_CRASH_AT='" + std::string(v) + "' is not a step (" + names + ")");
   }
   return o;
+}
+
+/// Takes the in-place lock of directory `dir` (an exclusive flock(2) on the directory itself,
+/// released when the result is destroyed): every in-place apply and recovery of a file or shard
+/// in `dir` holds it, so two of them never interleave (one could otherwise remove the other's
+/// journal temporaries, or roll forward a journal being written). If another process holds it,
+/// waits (calling options.on_lock_wait first) or, with options.wait_for_lock false, throws
+/// not_ready naming the directory.
+[[nodiscard]] inline directory_lock in_place_lock(const std::filesystem::path& dir,
+                                                  const in_place_options& options) {
+  auto lock = directory_lock::try_acquire(dir);
+  if (lock.held()) return lock;
+  DCR_EXPECTS(options.wait_for_lock, errc::not_ready,
+              "another in-place apply or recovery is working in the directory '" + dir.string() +
+                  "' (it holds the directory's lock); wait for it to finish, or omit --no-wait "
+                  "to wait for it");
+  if (options.on_lock_wait) options.on_lock_wait(dir);
+  return directory_lock::acquire(dir);
 }
 
 /// What recover_in_place found and did.
@@ -879,7 +984,7 @@ inline std::uint64_t write_journal_words(const delta_file& j, std::span<std::byt
   std::uint64_t written = 0;
   for (std::size_t i = 0; i < j.payload_count(); ++i) {
     if (j.is_undo(i) != undo) continue;
-    payloads.decode(i, items);
+    blame(input_fault::delta, [&] { payloads.decode(i, items); });
     for (auto& it : items) {
       if (!undo && options.crash_at == in_place_step::half_written &&
           written + it.count() > crash_after) {
@@ -903,21 +1008,24 @@ inline bool header_is(std::span<const std::byte> file, std::string_view json) {
          std::memcmp(file.data() + 8, json.data(), json.size()) == 0;
 }
 
-// Finishes the in-place apply that journal `j` describes (the journal is published; BASE or its
-// working file exists): roll forward, verify, publish BASE, remove the journal.
-inline void finish_from_journal(const delta_file& j, const std::filesystem::path& base,
-                                const in_place_options& options, recover_report& report) {
+// Finishes the in-place apply that the journal `j` at `journal` describes (the journal is
+// published; BASE or its working file exists): roll forward, verify, publish BASE, and with
+// `remove_journal` remove the journal (a directory apply keeps it until every shard is done).
+inline void finish_from_journal(const delta_file& j, const std::filesystem::path& journal,
+                                const std::filesystem::path& base,
+                                const in_place_options& options, recover_report& report,
+                                bool remove_journal) {
   const auto working = working_path(base);
   const std::string base_what = "BASE '" + base.string() + "'";
   const bool base_exists = path_exists(base);
   const bool working_exists = path_exists(working);
   DCR_EXPECTS(!(base_exists && working_exists), errc::not_ready,
               "both " + base_what + " and its working file '" + working.string() +
-                  "' exist beside the journal '" + journal_path(base).string() +
+                  "' exist beside the journal '" + journal.string() +
                   "'; resolve by hand (the working file holds the interrupted apply)");
   DCR_EXPECTS(base_exists || working_exists, errc::io_error,
               "neither " + base_what + " nor its working file '" + working.string() +
-                  "' exists, but the journal '" + journal_path(base).string() + "' does");
+                  "' exists, but the journal '" + journal.string() + "' does");
   const auto& target = j.target_header();
   const auto ranges = ranges_in(j, target);
   if (base_exists) {
@@ -926,14 +1034,14 @@ inline void finish_from_journal(const delta_file& j, const std::filesystem::path
     const bool sized = f.size() == target.file_size();
     if (sized && header_is(f.bytes(), j.target_header_json()) &&
         tensors_are(j, f.bytes(), ranges, true)) {
-      remove_durably(journal_path(base));
+      if (remove_journal) remove_durably(journal);
       return;
     }
     DCR_EXPECTS(sized && header_is(f.bytes(), j.base_header_json()) &&
                     tensors_are(j, f.bytes(), ranges, false),
                 errc::verification_failed,
                 base_what + " matches neither the base nor the result of the journal '" +
-                    journal_path(base).string() + "'; left as it is");
+                    journal.string() + "'; left as it is");
     f = mapped_file();
     rename_durably(base, working);
     crash_point(options, in_place_step::base_hidden);
@@ -958,11 +1066,11 @@ inline void finish_from_journal(const delta_file& j, const std::filesystem::path
       throw error(errc::verification_failed,
                   "in-place apply: the result does not verify (" + why +
                       ") and undoing it did not restore the base either; the working file '" +
-                      working.string() + "' and the journal '" + journal_path(base).string() +
+                      working.string() + "' and the journal '" + journal.string() +
                       "' are left for inspection");
     map = mapped_file();
     rename_durably(working, base);
-    remove_durably(journal_path(base));
+    if (remove_journal) remove_durably(journal);
     report.rolled_back = true;
     throw error(errc::verification_failed,
                 "in-place apply: the result does not verify (" + why + "); " + base_what +
@@ -972,55 +1080,77 @@ inline void finish_from_journal(const delta_file& j, const std::filesystem::path
   map = mapped_file();
   rename_durably(working, base);
   crash_point(options, in_place_step::renamed_back);
-  remove_durably(journal_path(base));
+  if (remove_journal) remove_durably(journal);
+}
+
+// Undoes a finished in-place apply of BASE that the journal `j` at `journal` describes: BASE (or,
+// after a crash during an earlier undo, its working file) is hidden, the undo words and the base
+// header written, the base digests verified and BASE renamed back. Used when another shard of a
+// directory apply does not verify. Nothing to do if BASE already holds the base.
+inline void roll_back_from_journal(const delta_file& j, const std::filesystem::path& journal,
+                                   const std::filesystem::path& base,
+                                   const in_place_options& options) {
+  const auto working = working_path(base);
+  const auto ranges = ranges_in(j, j.target_header());
+  if (path_exists(base)) {
+    {
+      auto f = mapped_file::open_read(base, true);
+      if (f.size() == j.target_header().file_size() && header_is(f.bytes(), j.base_header_json()) &&
+          tensors_are(j, f.bytes(), ranges, false))
+        return;
+    }
+    rename_durably(base, working);
+  }
+  auto map = mapped_file::open_write(working, true);
+  write_journal_words(j, map.writable_bytes(), true, options);
+  map.sync();
+  if (!tensors_are(j, map.bytes(), ranges, false))
+    throw error(errc::verification_failed,
+                "undoing the in-place apply of '" + base.string() + "' did not restore it (" +
+                    digest_mismatch_message(j, map.bytes(), ranges, "the working file", false) +
+                    "); the working file '" + working.string() + "' and the journal '" +
+                    journal.string() + "' are left for inspection");
+  map = mapped_file();
+  rename_durably(working, base);
 }
 
 }  // namespace detail
 
-/// Finishes an in-place apply of BASE that a crash interrupted, if any: removes unpublished
-/// journal files, and if a journal is published, rolls it forward (rewrites every new word,
-/// idempotently), verifies the result's tensors digest and the header, renames the file back to BASE and
-/// removes the journal. If the result does not verify, the journal's undo words restore the base
-/// and verification_failed is thrown. Throws corrupt_payload (and the like) for a damaged
-/// journal and not_ready for a working file without a journal or beside an existing BASE, in
-/// both cases changing nothing. Without a journal it does nothing.
-inline recover_report recover_in_place(const std::filesystem::path& base,
-                                       const in_place_options& options = {}) {
-  const auto start = detail::clock::now();
+namespace detail {
+
+// recover_in_place with the directory's in-place lock held.
+inline recover_report recover_in_place_locked(const std::filesystem::path& base,
+                                              const in_place_options& options) {
+  const auto start = clock::now();
   recover_report report;
-  report.temporaries_removed = detail::remove_journal_temporaries(base);
+  report.temporaries_removed = remove_journal_temporaries(base);
   const auto journal = journal_path(base);
   if (!path_exists(journal)) {
     DCR_EXPECTS(!path_exists(working_path(base)), errc::not_ready,
                 "the working file '" + working_path(base).string() + "' of BASE '" +
                     base.string() + "' exists without a journal; resolve by hand");
-    report.seconds = detail::seconds_since(start);
+    report.seconds = seconds_since(start);
     return report;
   }
   report.journal_found = true;
   const auto j = delta_file::open(journal, container_kind::journal);
-  detail::finish_from_journal(j, base, options, report);
-  report.seconds = detail::seconds_since(start);
+  finish_from_journal(j, journal, base, options, report, true);
+  report.seconds = seconds_since(start);
   return report;
 }
 
-/// Applies the delta to BASE in place, without copying it and without ever leaving a partly
-/// applied file at BASE's path (docs/tool.md, "In-place apply"): first finishes any interrupted
-/// in-place apply (recover_in_place); checks BASE like apply_delta, and also that it lays its
-/// tensors out as the delta's target does and that the target's header fits in BASE's
-/// (invalid_argument otherwise: apply to a new file instead); if BASE already holds the result,
-/// reports already_applied and writes nothing; otherwise writes a journal of old and new words,
-/// renames BASE to a hidden working name, writes the new words, verifies the result's digest,
-/// renames it back and removes the journal.
-inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path,
-                                         const std::filesystem::path& base_path,
-                                         const in_place_options& options = {}) {
-  const auto start = detail::clock::now();
-  apply_report report;
-  report.recovered = recover_in_place(base_path, options).journal_found;
-  require_single_regular_file(base_path, "in-place apply: BASE");
-  auto d = delta_file::open(delta_path);
-  auto base = safetensors_file::open(base_path, true);
+// Steps 0 (the checks) to 2 of an in-place apply of `d` to BASE: checks BASE like apply_delta
+// does (binding `d` to it), plus its layout and header fit; if BASE already holds the result
+// returns false (report.already_applied, tensors and output_bytes set; `d` is then left
+// unbound); otherwise writes the journal and publishes it at `journal_file` (crash points
+// journal_written and journal_committed when `crash_points`), adds its tensors, payloads,
+// records and output_bytes to `report`, and returns true. BASE is not changed.
+inline bool prepare_in_place(delta_file& d, const std::filesystem::path& base_path,
+                             const std::filesystem::path& journal_file,
+                             const in_place_options& options, bool crash_points,
+                             apply_report& report) {
+  auto base =
+      blame(input_fault::checkpoint, [&] { return safetensors_file::open(base_path, true); });
   const std::string base_what = "BASE '" + base_path.string() + "'";
   // BASE may already hold the result (an in-place apply repeated): its header content is the
   // target's and its tensors the result's. Checked before binding, which wants the base header;
@@ -1029,24 +1159,23 @@ inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path
   {
     const tensor_registry registry(base.header().canonical_tensors());
     if (registry.fingerprint() == d.registry_fingerprint()) {
-      detail::tensor_ranges r;
+      tensor_ranges r;
       for (const auto& t : registry.tensors()) {
         const auto* e = base.find(t.name);
         r.begin.push_back(base.header().data_offset() + e->begin);
         r.size.push_back(e->size());
       }
-      base_tensors = detail::tensors_digest_in(base.bytes(), r);
+      base_tensors = tensors_digest_in(base.bytes(), r);
       if (*base_tensors == d.result_digest() &&
           header_content_digest(base.header_json()) == d.target_header_digest()) {
         report.already_applied = true;
-        report.tensors = registry.size();
-        report.output_bytes = base.bytes().size();
-        report.seconds = detail::seconds_since(start);
-        return report;
+        report.tensors += registry.size();
+        report.output_bytes += base.bytes().size();
+        return false;
       }
     }
   }
-  d.bind_base(base.header(), base.header_json(), base_what);
+  bind_delta_base(d, base, base_what);
   const safetensors_header& target = d.target_header();
   for (const auto& m : d.registry().tensors()) {
     const auto* b = base.find(m.name);
@@ -1069,18 +1198,17 @@ inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path
                     " bytes); apply to a new file (-o) instead");
     header.append(static_cast<std::size_t>(base_n) - header.size(), ' ');
   }
-  report.tensors = d.registry().size();
-  report.output_bytes = base.bytes().size();
-
-  const auto ranges = detail::ranges_in(d, base.header());
+  const auto ranges = ranges_in(d, base.header());
   if (*base_tensors != d.base_digest())  // bind_base checked the fingerprint
-    throw error(errc::verification_failed,
-                "wrong base: " + detail::digest_mismatch_message(d, base.bytes(), ranges,
-                                                                 base_what, false));
+    throw input_error(input_fault::wrong_base, errc::verification_failed,
+                      "wrong base: " +
+                          digest_mismatch_message(d, base.bytes(), ranges, base_what, false));
+  report.tensors += d.registry().size();
+  report.output_bytes += base.bytes().size();
 
   // The journal: per delta payload, one redo payload (new words) and one undo payload (old).
   {
-    delta_writer journal(journal_path(base_path), container_kind::journal, d.registry(), header,
+    delta_writer journal(journal_file, container_kind::journal, d.registry(), header,
                          base.header_json());
     journal.set_digests(d.base_digest(), d.result_digest());
     delta_payloads payloads(d);
@@ -1089,7 +1217,7 @@ inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path
     std::vector<item> undo;
     std::vector<std::byte> bytes;
     for (std::size_t i = 0; i < d.payload_count(); ++i) {
-      payloads.decode(i, items);
+      blame(input_fault::delta, [&] { payloads.decode(i, items); });
       undo.resize(items.size());
       for (std::size_t k = 0; k < items.size(); ++k) {
         item& it = items[k];
@@ -1100,8 +1228,9 @@ inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path
         u.indices = it.indices;
         u.values.resize(it.values.size());
         const auto tensor = ranges.of(base.bytes(), it.tensor);
-        DCR_EXPECTS(it.indices.empty() || it.indices.back() < tensor.size() / it.word_bytes(),
-                    errc::out_of_range, d.where() + ": item index beyond its tensor");
+        if (!it.indices.empty() && it.indices.back() >= tensor.size() / it.word_bytes())
+          throw input_error(input_fault::delta, errc::out_of_range,
+                            d.where() + ": item index beyond its tensor");
         visit_word(it.word_bytes(), [&]<class W>(W) {
           visit_encoding(it.enc, [&](auto e) {
             using E = decltype(e);
@@ -1130,16 +1259,59 @@ inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path
       ++report.payloads;
     }
     journal.finish();
-    detail::crash_point(options, in_place_step::journal_written);
+    if (crash_points) crash_point(options, in_place_step::journal_written);
     journal.commit();
-    detail::crash_point(options, in_place_step::journal_committed);
+    if (crash_points) crash_point(options, in_place_step::journal_committed);
   }
-  base = safetensors_file();
+  return true;
+}
+
+}  // namespace detail
+
+/// Finishes an in-place apply of BASE that a crash interrupted, if any: removes unpublished
+/// journal files, and if a journal is published, rolls it forward (rewrites every new word,
+/// idempotently), verifies the result's tensors digest and the header, renames the file back to BASE and
+/// removes the journal. If the result does not verify, the journal's undo words restore the base
+/// and verification_failed is thrown. Throws corrupt_payload (and the like) for a damaged
+/// journal and not_ready for a working file without a journal or beside an existing BASE, in
+/// both cases changing nothing. Without a journal it does nothing. Holds the in-place lock of
+/// BASE's directory (in_place_lock) while it works.
+inline recover_report recover_in_place(const std::filesystem::path& base,
+                                       const in_place_options& options = {}) {
+  const auto lock = in_place_lock(parent_directory(base), options);
+  return detail::recover_in_place_locked(base, options);
+}
+
+/// Applies the delta to BASE in place, without copying it and without ever leaving a partly
+/// applied file at BASE's path (docs/tool.md, "In-place apply"): takes the in-place lock of
+/// BASE's directory (waiting for, or with wait_for_lock false refusing, another in-place apply
+/// or recovery there: not_ready); first finishes any interrupted in-place apply
+/// (recover_in_place); checks BASE like apply_delta, and also that it lays its tensors out as the
+/// delta's target does and that the target's header fits in BASE's (invalid_argument otherwise:
+/// apply to a new file instead); if BASE already holds the result, reports already_applied and
+/// writes nothing; otherwise writes a journal of old and new words, renames BASE to a hidden
+/// working name, writes the new words, verifies the result's digest, renames it back and removes
+/// the journal. BASE must be a regular file with one link (a symbolic link is refused with what
+/// to do instead).
+inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path,
+                                         const std::filesystem::path& base_path,
+                                         const in_place_options& options = {}) {
+  const auto start = detail::clock::now();
+  const auto lock = in_place_lock(parent_directory(base_path), options);
+  apply_report report;
+  report.recovered = detail::recover_in_place_locked(base_path, options).journal_found;
+  require_single_regular_file(base_path, "in-place apply: BASE");
+  auto d = blame(input_fault::delta, [&] { return delta_file::open(delta_path); });
+  if (!detail::prepare_in_place(d, base_path, journal_path(base_path), options, true, report)) {
+    report.seconds = detail::seconds_since(start);
+    return report;
+  }
   rename_durably(base_path, working_path(base_path));
   detail::crash_point(options, in_place_step::base_hidden);
-  const auto j = delta_file::open(journal_path(base_path), container_kind::journal);
+  const auto journal = journal_path(base_path);
+  const auto j = delta_file::open(journal, container_kind::journal);
   recover_report r;
-  detail::finish_from_journal(j, base_path, options, r);
+  detail::finish_from_journal(j, journal, base_path, options, r, true);
   report.seconds = detail::seconds_since(start);
   return report;
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -143,17 +144,37 @@ inline void remove_durably(const std::filesystem::path& path) {
 
 /// Throws invalid_argument unless `path` is a regular file (not a symbolic link) with a single
 /// hard link: a file that is changed in place and renamed must have no other name through
-/// which a partly written state could be seen. io_error if it cannot be examined.
+/// which a partly written state could be seen. For a symbolic link the message says why and
+/// what to do instead (-o, or replace the link by a copy). io_error if it cannot be examined.
 inline void require_single_regular_file(const std::filesystem::path& path,
                                         std::string_view what) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) throw_io_error("cannot stat", path, errno);
+  if (S_ISLNK(st.st_mode)) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(path, ec);
+    throw error(errc::invalid_argument,
+                std::string(what) + " '" + path.string() + "' is a symbolic link" +
+                    (ec ? std::string() : " to '" + target.string() + "'") +
+                    ": an in-place apply renames and rewrites the file it is given, which would "
+                    "replace the link and leave the file it points to (in a Hugging Face cache, "
+                    "a blob that other snapshots may share) as it was; apply to a new file or "
+                    "directory with -o instead, or first replace the link by a copy of its "
+                    "target (cp --remove-destination \"$(readlink -f " + path.string() + ")\" " +
+                    path.string() + ")");
+  }
   DCR_EXPECTS(S_ISREG(st.st_mode), errc::invalid_argument,
-              std::string(what) + " '" + path.string() +
-                  "' is not a regular file (a symbolic link or something else)");
+              std::string(what) + " '" + path.string() + "' is not a regular file");
   DCR_EXPECTS(st.st_nlink == 1, errc::invalid_argument,
               std::string(what) + " '" + path.string() + "' has " +
                   std::to_string(st.st_nlink) + " hard links; other names would see it change");
+}
+
+/// The permission bits (mode & 07777) of the file `path` names, through symbolic links.
+[[nodiscard]] inline mode_t permission_bits(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw_io_error("cannot stat", path, errno);
+  return st.st_mode & 07777;
 }
 
 /// Whether `a` and `b` name the same existing file.
@@ -162,6 +183,32 @@ inline void require_single_regular_file(const std::filesystem::path& path,
   std::error_code ec;
   return std::filesystem::equivalent(a, b, ec) && !ec;
 }
+
+/// An exclusive advisory lock (flock(2)) on a directory, held by an open descriptor of it until
+/// destruction (or process exit, crash included: the kernel drops it). Move-only.
+class directory_lock {
+ public:
+  directory_lock() = default;
+  /// Locks `dir`, waiting while another open descriptor holds the lock.
+  static directory_lock acquire(const std::filesystem::path& dir) { return lock(dir, true); }
+  /// Locks `dir` if no one else holds the lock; otherwise the result does not hold it.
+  static directory_lock try_acquire(const std::filesystem::path& dir) { return lock(dir, false); }
+  [[nodiscard]] bool held() const noexcept { return fd_.valid(); }
+
+ private:
+  static directory_lock lock(const std::filesystem::path& dir, bool wait) {
+    auto fd = file_descriptor::open(dir, O_RDONLY | O_DIRECTORY);
+    while (::flock(fd.get(), LOCK_EX | (wait ? 0 : LOCK_NB)) != 0) {
+      if (errno == EINTR) continue;
+      if (errno == EWOULDBLOCK && !wait) return {};
+      throw_io_error("cannot lock the directory", dir, errno);
+    }
+    directory_lock l;
+    l.fd_ = std::move(fd);
+    return l;
+  }
+  file_descriptor fd_;
+};
 
 /// Maps in the pages of `bytes`, part of a file mapping, ahead of their use, so that a reader
 /// that comes later takes no page faults there: madvise(MADV_POPULATE_READ) where the kernel
@@ -294,6 +341,10 @@ class atomic_file {
   /// Writes `bytes` at `offset` of the temporary file.
   void write_at(std::span<const std::byte> bytes, std::uint64_t offset) {
     write_all_at(fd_.get(), bytes, offset, temp_);
+  }
+  /// Sets the temporary file's permission bits (fchmod), e.g. to those of the file it replaces.
+  void set_permissions(mode_t mode) {
+    if (::fchmod(fd_.get(), mode) != 0) throw_io_error("cannot set the permissions of", temp_, errno);
   }
   /// Sets the temporary file's size (ftruncate).
   void resize(std::uint64_t size) {
