@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "codec_workloads.hpp"
+#include "dcr/error_text.hpp"
 #include "dcr/apply/record.hpp"
 #include "dcr/canonical.hpp"
 #include "dcr/codec/encode_item.hpp"
@@ -1330,7 +1331,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const dcr::error& e) {
     std::fprintf(stderr, "codec_report: dcr error [%s]: %s\n", e.code().message().c_str(),
-                 e.what());
+                 dcr::error_text(e).c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "codec_report: %s\n", e.what());

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "dcr/error_text.hpp"
 #include "dcr/exec/device.hpp"
 #include "dcr/protocol/link_shaper.hpp"
 #include "dcr/protocol/s3_payload_store.hpp"
@@ -131,15 +132,6 @@ exit status: 0 every step committed once and bit-exact; 1 not, or an error; 2 a 
 /// Exit status of `--device cuda` where no CUDA device (or no CUDA backend) is available.
 constexpr int device_unavailable_status = 3;
 
-/// A dcr::error's message without the ": <code message>" std::system_error appends.
-std::string message_of(const dcr::error& e) {
-  std::string m = e.what();
-  const std::string suffix = ": " + e.code().message();
-  if (m.size() >= suffix.size() && m.compare(m.size() - suffix.size(), suffix.size(), suffix) == 0)
-    m.resize(m.size() - suffix.size());
-  return m;
-}
-
 struct step_result {
   std::uint64_t step = 0;
   bool bit_exact = false;
@@ -211,7 +203,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   try {
     ps.link_rate = dcr::parse_link_rate(args.value("--link-rate", "0"));
   } catch (const dcr::error& e) {
-    throw usage_error(std::string("--link-rate: ") + message_of(e));
+    throw usage_error(std::string("--link-rate: ") + dcr::error_text(e));
   }
   if (ps.trainer_nodes < 1 || ps.rollout_nodes < 1)
     throw usage_error("--trainer-nodes and --rollout-nodes must be at least 1");
@@ -227,7 +219,7 @@ int simulate_main(const std::vector<std::string>& argv) {
     try {
       dcr::parse_s3_url(ps.transport);
     } catch (const dcr::error& e) {
-      throw usage_error("--transport: " + message_of(e));
+      throw usage_error("--transport: " + dcr::error_text(e));
     }
     if (!ps.s3_addressing.empty() && ps.s3_addressing != "path" && ps.s3_addressing != "virtual")
       throw usage_error("--s3-addressing must be path or virtual");
@@ -329,7 +321,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   try {
     ps.device = dcr::exec::parse_device(device_text);
   } catch (const dcr::error& e) {
-    throw usage_error(message_of(e));
+    throw usage_error(dcr::error_text(e));
   }
   const bool cuda = ps.device == dcr::exec::device_kind::cuda;
   if (cuda && path == dcr::apply_path::general)
@@ -350,11 +342,11 @@ int simulate_main(const std::vector<std::string>& argv) {
       if (e.dcr_code() != dcr::errc::device_error) throw;
       if (json)
         fmt::print("{}\n",
-                   ojson{{"error", {{"code", "device_error"}, {"message", message_of(e)}}},
+                   ojson{{"error", {{"code", "device_error"}, {"message", dcr::error_text(e)}}},
                          {"device", dcr::exec::device_name(ps.device)},
                          {"exit_status", device_unavailable_status}}
                        .dump(-1, ' ', false, ojson::error_handler_t::replace));
-      fmt::print(stderr, "dcr simulate: error [{}]: {}\n", e.code().message(), message_of(e));
+      fmt::print(stderr, "dcr simulate: error [{}]: {}\n", e.code().message(), dcr::error_text(e));
       return device_unavailable_status;
     }
   }
