@@ -83,69 +83,23 @@ class tensor_registry {
   /// non-negative (errc::invalid_argument), and each tensor's element count and byte size, and
   /// the bytes of all tensors together, must fit std::int64_t (errc::overflow naming the tensor
   /// and its shape).
-  explicit tensor_registry(std::vector<canonical_tensor> tensors) : tensors_(std::move(tensors)) {
-    std::sort(tensors_.begin(), tensors_.end(),
-              [](const auto& a, const auto& b) { return a.name < b.name; });
-    std::uint64_t fp = detail::fnv1a64("dcr-registry-v1");
-    std::int64_t total = 0;
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      const auto& t = tensors_[i];
-      DCR_EXPECTS(!t.name.empty(), errc::invalid_argument, "tensor_registry: empty tensor name");
-      DCR_EXPECTS(i == 0 || tensors_[i - 1].name != t.name, errc::invalid_argument,
-                  "tensor_registry: duplicate tensor name '" + t.name + "'");
-      const std::int64_t bytes = expect_numel(t.shape, dtype_size(t.type),
-                                              "tensor_registry: tensor '" + t.name + "' (" +
-                                                  std::string(dtype_name(t.type)) + ")") *
-                                 static_cast<std::int64_t>(dtype_size(t.type));
-      DCR_EXPECTS(total <= std::numeric_limits<std::int64_t>::max() - bytes, errc::overflow,
-                  "tensor_registry: the tensors up to '" + t.name +
-                      "' hold more bytes than a signed 64-bit count holds");
-      total += bytes;
-      by_name_.emplace(t.name, static_cast<tensor_id>(i));
-      fp = detail::fnv1a64(t.name, fp);
-      fp = detail::fnv1a64_u64(static_cast<std::uint64_t>(t.type), fp);
-      fp = detail::fnv1a64_u64(t.shape.size(), fp);
-      for (auto e : t.shape) fp = detail::fnv1a64_u64(static_cast<std::uint64_t>(e), fp);
-    }
-    fingerprint_ = fp;
-  }
+  explicit tensor_registry(std::vector<canonical_tensor> tensors);
 
   [[nodiscard]] std::size_t size() const noexcept { return tensors_.size(); }
   [[nodiscard]] std::span<const canonical_tensor> tensors() const noexcept { return tensors_; }
 
   /// The tensor with id `id`; throws unknown_tensor if out of range.
-  [[nodiscard]] const canonical_tensor& at(tensor_id id) const {
-    DCR_EXPECTS(id < tensors_.size(), errc::unknown_tensor,
-                "tensor_registry: no tensor with id " + std::to_string(id));
-    return tensors_[id];
-  }
+  [[nodiscard]] const canonical_tensor& at(tensor_id id) const;
   /// The id of `name`, or nullopt.
-  [[nodiscard]] std::optional<tensor_id> find(std::string_view name) const {
-    auto it = by_name_.find(std::string(name));
-    if (it == by_name_.end()) return std::nullopt;
-    return it->second;
-  }
+  [[nodiscard]] std::optional<tensor_id> find(std::string_view name) const;
   /// The id of `name`; throws unknown_tensor if absent.
-  [[nodiscard]] tensor_id id(std::string_view name) const {
-    auto found = find(name);
-    DCR_EXPECTS(found.has_value(), errc::unknown_tensor,
-                "tensor_registry: no tensor named '" + std::string(name) + "'");
-    return *found;
-  }
+  [[nodiscard]] tensor_id id(std::string_view name) const;
   /// Hash of every name, dtype and shape; equal registries have equal fingerprints.
   [[nodiscard]] std::uint64_t fingerprint() const noexcept { return fingerprint_; }
   /// Total bytes of all tensors (a full checkpoint).
-  [[nodiscard]] std::int64_t total_bytes() const noexcept {
-    std::int64_t b = 0;
-    for (const auto& t : tensors_) b += t.bytes();
-    return b;
-  }
+  [[nodiscard]] std::int64_t total_bytes() const noexcept;
   /// Largest tensor in bytes (sizes the receiver's scratch).
-  [[nodiscard]] std::int64_t max_tensor_bytes() const noexcept {
-    std::int64_t b = 0;
-    for (const auto& t : tensors_) b = std::max(b, t.bytes());
-    return b;
-  }
+  [[nodiscard]] std::int64_t max_tensor_bytes() const noexcept;
 
  private:
   std::vector<canonical_tensor> tensors_;
@@ -154,3 +108,5 @@ class tensor_registry {
 };
 
 }  // namespace dcr
+
+#include "dcr/detail/canonical.inl"

@@ -3,7 +3,59 @@
 // DCR_HOST_DEVICE marks per-element functors that run unchanged on the CPU and on a CUDA device.
 // It expands to `__host__ __device__` under nvcc and to nothing under a plain C++ compiler, so
 // every public header compiles with g++/clang++ alone.
+//
+// Header-only by default; separate compilation on request. The core headers (those the
+// umbrella dcr/dcr.hpp includes) declare their non-template functions in the header and define
+// them in detail/<area>/<header>.inl, marked DCR_INLINE:
+//   * header-only (the default): each header includes its .inl and DCR_INLINE is `inline`, so a
+//     program needs nothing but the headers. Every translation unit that calls into the refit
+//     path then compiles that path again (about 45 s of CPU at -O2 for a receiver and the
+//     in-process driver);
+//   * separate compilation: define DCR_SEPARATE_COMPILATION for every translation unit of the
+//     program and include dcr/separate_compilation.hpp in exactly one of them. The other units
+//     see declarations only and compile just what depends on their own types (a loader, a
+//     control plane), and that one unit defines the library's functions once. Templates
+//     (receiver<Loader>, coordinator<Plane, Store>, ...) stay in headers in both modes.
+// Mixing the two modes in one program is an ODR violation; link errors for dcr functions in
+// separate mode mean the unit with dcr/separate_compilation.hpp is missing.
 #pragma once
+
+#define DCR_CONFIG_INCLUDED 1
+
+#if defined(DCR_SEPARATE_COMPILATION)
+#define DCR_INLINE
+#if defined(DCR_BUILDING_SEPARATE_LIBRARY)
+#define DCR_HEADER_BODIES 1
+#else
+#define DCR_HEADER_BODIES 0
+#endif
+#else
+/// `inline` in header-only mode; nothing when the library is compiled separately.
+#define DCR_INLINE inline
+/// 1 where this translation unit defines the core's non-template functions (header-only mode,
+/// or the one unit with dcr/separate_compilation.hpp).
+#define DCR_HEADER_BODIES 1
+#endif
+
+#if defined(DCR_SEPARATE_COMPILATION)
+/// Separate compilation only: `extern template` (an explicit instantiation declaration) where
+/// the program's units use a template dcr instantiates once for them, `template` (the
+/// definition) in the unit with dcr/separate_compilation.hpp.
+#if defined(DCR_BUILDING_SEPARATE_LIBRARY)
+#define DCR_EXPLICIT_INSTANTIATION template
+#else
+#define DCR_EXPLICIT_INSTANTIATION extern template
+#endif
+#endif
+
+/// Expands X(W, D) for every pair of storage words (a copy's source and destination widths).
+#define DCR_FOR_EACH_WORD_PAIR(X)                                                      \
+  X(std::uint8_t, std::uint8_t) X(std::uint8_t, std::uint16_t) X(std::uint8_t, std::uint32_t)  \
+  X(std::uint8_t, std::uint64_t) X(std::uint16_t, std::uint8_t) X(std::uint16_t, std::uint16_t) \
+  X(std::uint16_t, std::uint32_t) X(std::uint16_t, std::uint64_t) X(std::uint32_t, std::uint8_t) \
+  X(std::uint32_t, std::uint16_t) X(std::uint32_t, std::uint32_t) X(std::uint32_t, std::uint64_t) \
+  X(std::uint64_t, std::uint8_t) X(std::uint64_t, std::uint16_t) X(std::uint64_t, std::uint32_t) \
+  X(std::uint64_t, std::uint64_t)
 
 #if defined(__CUDACC__)
 #define DCR_HOST_DEVICE __host__ __device__

@@ -403,13 +403,7 @@ decltype(auto) visit_step(encoding enc, element_transform t, F&& f) {
 
 namespace detail {
 
-inline void prefetch_for_write(const void* p) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 1);
-#else
-  (void)p;
-#endif
-}
+void prefetch_for_write(const void* p) noexcept;
 
 /// The CPU loop of the step: applies records [k_begin, k_end) of one item (sorted canonical
 /// indices `active`, values `values`) through record `p`, skipping indices that are not
@@ -491,3 +485,5 @@ std::uint64_t apply_item_records(std::span<const placement> records, encoding en
 }
 
 }  // namespace dcr
+
+#include "dcr/detail/apply/record.inl"

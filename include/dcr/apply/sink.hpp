@@ -82,42 +82,21 @@ W load_word(const std::byte* p) noexcept {
   std::memcpy(&w, p, sizeof(W));
   return w;
 }
-inline std::uint64_t load_word_bytes(const std::byte* p, std::size_t bytes) noexcept {
-  return visit_word(bytes, [&](auto w) { return static_cast<std::uint64_t>(load_word<decltype(w)>(p)); });
-}
+std::uint64_t load_word_bytes(const std::byte* p, std::size_t bytes) noexcept;
 }  // namespace detail
 
 namespace detail {
 
 /// Ends one load(): a loader must either copy or skip each tensor, never both, never neither.
 /// An item without an intercepted copy and without an explicit skip would silently be dropped.
-inline void check_copy_or_skip(const load_record& r) {
-  DCR_EXPECTS(r.copies > 0 || r.skipped, errc::unsupported_loader_path,
-              "dcr loader: load() of tensor '" + std::string(r.tensor) +
-                  "' neither copied nor skipped it (every tensor needs copies or an explicit "
-                  "sink.skip(t))");
-}
+void check_copy_or_skip(const load_record& r);
 
-inline void check_copy_after_skip(const load_record& r) {
-  DCR_EXPECTS(!r.skipped, errc::unsupported_loader_path,
-              "dcr loader: load() of tensor '" + std::string(r.tensor) +
-                  "' both copied and skipped it");
-}
+void check_copy_after_skip(const load_record& r);
 
-inline void check_skip_target(const load_record& r, const canonical_tensor& t) {
-  DCR_EXPECTS(t.name == r.tensor, errc::unsupported_loader_path,
-              "dcr loader: load() of tensor '" + std::string(r.tensor) + "' skipped tensor '" +
-                  t.name + "' instead");
-  DCR_EXPECTS(r.copies == 0, errc::unsupported_loader_path,
-              "dcr loader: load() of tensor '" + std::string(r.tensor) +
-                  "' both copied and skipped it");
-}
+void check_skip_target(const load_record& r, const canonical_tensor& t);
 
 /// "copy #n of tensor 'name'" for the copy being made (n counts from 1).
-inline std::string copy_where(const load_record& r) {
-  return "dcr loader: copy #" + std::to_string(r.copies + 1) + " of tensor '" +
-         std::string(r.tensor) + "'";
-}
+std::string copy_where(const load_record& r);
 
 template <class W, class U>
 void check_copy_shapes(const load_record& r, const tensor_view<W>& dst,
@@ -198,10 +177,8 @@ located_copy locate_copy(const load_record& r, const W* base, std::int64_t numel
 
 /// The placement record of one located copy into `dst` (words of `dst_bytes`, through
 /// `transform`) of tensor `tensor`; with `finalized`, its divisors are set (ready to apply).
-inline placement record_of_copy(const located_copy& c, std::byte* dst, element_transform transform,
-                                std::size_t dst_bytes, tensor_id tensor, bool finalized) noexcept {
-  return placement::of(c.inv, c.first, dst, dst_bytes, transform, tensor, finalized);
-}
+placement record_of_copy(const located_copy& c, std::byte* dst, element_transform transform,
+                                std::size_t dst_bytes, tensor_id tensor, bool finalized) noexcept;
 
 /// Copies every element src -> dst through transform T (dense refit of a transformed copy).
 template <class T, storage_word D, storage_word W>
@@ -251,21 +228,7 @@ class dense_sink {
   /// Copies every element through `transform` into storage words D. Throws dtype_mismatch when
   /// the transform does not read the tensor's dtype or write D-wide words.
   template <storage_word D>
-  void copy(tensor_view<D> dst, tensor_view<const W> src, element_transform transform) {
-    detail::check_copy_after_skip(current_);
-    detail::check_copy_shapes(current_, dst, src);
-    if (transform.preserves_bits() && std::is_same_v<D, W>) {
-      if constexpr (std::is_same_v<D, W>) copy(dst, src);
-      return;
-    }
-    check_transform<W, D>(transform, type_, detail::copy_where(current_));
-    visit_cast(transform.kind, [&](auto c) {
-      using T = decltype(c);
-      if constexpr (cast_maps_v<T, W, D>) detail::copy_transformed<T>(dst, src);
-    });
-    ++current_.copies;
-    current_.elements += static_cast<std::uint64_t>(dst.size());
-  }
+  void copy(tensor_view<D> dst, tensor_view<const W> src, element_transform transform);
 
   /// Records that this rank holds nothing of `t` (must be the tensor being loaded).
   void skip(const canonical_tensor& t) {
@@ -364,56 +327,7 @@ class delta_sink {
   /// The same through an element transform into storage words D (overwrite items only, unless
   /// the transform is the identity).
   template <storage_word D>
-  void copy(tensor_view<D> dst, tensor_view<const W> src, element_transform transform) {
-    detail::check_copy_after_skip(current_);
-    detail::check_copy_shapes(current_, dst, src);
-    check_transform<W, D>(transform, type_, detail::copy_where(current_));
-    // An empty copy (a rank whose share of the tensor is empty) places no element: nothing to
-    // locate, nothing outside the tensor, and no bits to preserve, so its transform does not
-    // make the tensor overwrite-only (as in compile_placement, which records no placement for
-    // it; both paths must accept and refuse the same items).
-    if (src.size() == 0) {
-      ++current_.copies;
-      return;
-    }
-    DCR_EXPECTS(transform.preserves_bits() || !needs_bits_, errc::unsupported_loader_path,
-                detail::copy_where(current_) + " applies " + transform_name(transform) +
-                    ", which does not preserve bits: the tensor takes overwrite records only, "
-                    "not " + encoding_name());
-    const auto c = detail::locate_copy(current_, base_, numel_, dst, src);
-    ++current_.copies;
-    const auto lo = std::lower_bound(active_.begin(), active_.end(),
-                                     static_cast<std::uint64_t>(c.first));
-    const auto hi =
-        std::upper_bound(lo, active_.end(), static_cast<std::uint64_t>(c.first + c.inv.span));
-    const std::size_t k_begin = static_cast<std::size_t>(lo - active_.begin());
-    const std::size_t k_end = static_cast<std::size_t>(hi - active_.begin());
-    auto* const out = reinterpret_cast<std::byte*>(dst.data());
-    if (pass_ == delta_pass::check) {
-      check_range(out, sizeof(D), detail::is_non_overlapping(dst), c.inv, c.first, k_begin,
-                  k_end);
-      return;
-    }
-    const placement rec =
-        detail::record_of_copy(c, out, transform, sizeof(D), 0, /*finalized=*/true);
-    visit_step<W>(enc_, transform, [&](auto e, auto cast, auto d) {
-      using E = decltype(e);
-      using T = decltype(cast);
-      if constexpr (std::is_same_v<decltype(d), D>) {
-        if (log_ == nullptr) {
-          current_.elements += detail::apply_records<E, T, W, D>(rec, active_.data(),
-                                                                 values_.data(), k_begin, k_end);
-          return;
-        }
-        current_.elements += detail::apply_records<E, T, W, D>(
-            rec, active_.data(), values_.data(), k_begin, k_end,
-            [&](const placement&, std::size_t k, std::byte* at, D before) {
-              log_->push_back(write_record{at, before, values_[k], active_[k], current_.tensor,
-                                           enc_, transform, sizeof(W), sizeof(D)});
-            });
-      }
-    });
-  }
+  void copy(tensor_view<D> dst, tensor_view<const W> src, element_transform transform);
 
   /// Records that this rank holds nothing of `t` (must be the bound tensor).
   void skip(const canonical_tensor& t) {
@@ -507,3 +421,5 @@ class delta_sink {
 static_assert(sink_for<delta_sink<std::uint16_t>, std::uint16_t>);
 
 }  // namespace dcr
+
+#include "dcr/detail/apply/sink.inl"

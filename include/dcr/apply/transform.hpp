@@ -218,10 +218,7 @@ struct element_transform {
 static_assert(std::is_trivially_copyable_v<element_transform>);
 
 /// "identity" or "cast BF16->F32".
-inline std::string transform_name(element_transform t) {
-  if (t.preserves_bits()) return "identity";
-  return "cast " + std::string(dtype_name(t.from())) + "->" + std::string(dtype_name(t.to()));
-}
+std::string transform_name(element_transform t);
 
 /// Applies `t` to one word at run time (the loops dispatch once per copy through visit_cast;
 /// this form serves checks and reference code). W and D must be the transform's word types
@@ -256,3 +253,5 @@ void check_transform(element_transform t, dtype tensor_type, const std::string& 
 }
 
 }  // namespace dcr
+
+#include "dcr/detail/apply/transform.inl"

@@ -24,6 +24,7 @@
 #include "dcr/apply/dedupe.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/item.hpp"
+#include "dcr/config.hpp"
 
 namespace dcr {
 
@@ -75,144 +76,68 @@ class receiver_endpoint {
   [[nodiscard]] virtual std::span<const tensor_id> overwrite_only_tensors() const = 0;
 };
 
-template <class Loader>
-class receiver final : public receiver_endpoint {
+/// The loader-independent part of receiver<Loader>: the attempt fence, deduplication,
+/// decoding and the apply through an item_applier_base (see receiver_endpoint for the
+/// contract). receiver<Loader> adds what calls the loader: prewarm() and dense_load().
+class receiver_base : public receiver_endpoint {
  public:
-  /// The registry, loader and engine storage must outlive the receiver. `options` choose the
-  /// apply path (compiled by default) and post-apply checks for every payload.
-  receiver(const tensor_registry& registry, Loader& loader, apply_options options = {})
-      : registry_(&registry), applier_(registry, loader, options) {}
-
-  /// Reserves scratch and compiles the loader's placement (see item_applier::prewarm). Call
-  /// once before the first transition and again whenever the engine's placement changes or its
-  /// storage moves. Throws errc::unsupported_loader_path naming the tensor for a loader path
-  /// dcr cannot apply through.
-  void prewarm() { applier_.prewarm(); }
+  receiver_base(const receiver_base&) = delete;
+  receiver_base& operator=(const receiver_base&) = delete;
 
   /// Runs the compiled path's writes through `backend` (e.g. a GPU holding this rank's weights;
-  /// see item_applier::set_backend and dcr/apply/apply_backend.hpp); nullptr: the CPU loop.
-  void set_apply_backend(apply_backend* backend) { applier_.set_backend(backend); }
+  /// see item_applier_base::set_backend and dcr/apply/apply_backend.hpp); nullptr: the CPU loop.
+  void set_apply_backend(apply_backend* backend) { applier_->set_backend(backend); }
   /// Where the compiled path writes: "cpu" or the backend's device().
-  [[nodiscard]] std::string apply_device() const { return applier_.apply_device(); }
+  [[nodiscard]] std::string apply_device() const { return applier_->apply_device(); }
 
   /// The apply options used by apply_payload(bytes); switchable between payloads (per refit).
-  [[nodiscard]] const apply_options& options() const noexcept { return applier_.options(); }
-  void set_options(const apply_options& options) noexcept { applier_.set_options(options); }
+  [[nodiscard]] const apply_options& options() const noexcept { return applier_->options(); }
+  void set_options(const apply_options& options) noexcept { applier_->set_options(options); }
 
   /// Per canonical tensor (by id): skipped, copies, records, elements, overwrite-only and why.
   /// Throws errc::not_ready before prewarm().
   [[nodiscard]] std::span<const tensor_placement> placement_report() const {
-    return applier_.plan().report();
+    return applier_->plan().report();
   }
 
   /// The compiled placement (records and report). Throws errc::not_ready before prewarm().
-  [[nodiscard]] const placement_plan& plan() const { return applier_.plan(); }
+  [[nodiscard]] const placement_plan& plan() const { return applier_->plan(); }
 
-  /// Loads one canonical tensor densely through the same loader (initial load, dense restore of
-  /// the committed version by a receiver that joins between attempts).
-  template <storage_word W>
-  void dense_load(tensor_id id, tensor_view<const W> canonical_words) {
-    applier_.template dense_load<W>(id, canonical_words);
-  }
-
-  void begin_attempt(const attempt_key& key) override {
-    if (!has_attempt_ || key.base_version != current_.base_version ||
-        key.target_version != current_.target_version) {
-      ledger_.reset_for(key.base_version, key.target_version);
-      stats_ = {};
-    } else if (key != current_) {
-      stats_.attempt_payloads = 0;
-      stats_.attempt_payload_digest = 0;
-    }
-    if (!has_attempt_ || key != current_) written_failure_.reset();  // the same attempt again keeps it
-    current_ = key;
-    has_attempt_ = true;
-  }
+  void begin_attempt(const attempt_key& key) override;
 
   apply_outcome apply_payload(std::span<const std::byte> bytes) override {
-    return apply_payload(bytes, applier_.options());
+    return apply_payload(bytes, applier_->options());
   }
 
   /// apply_payload with explicit options for this payload (path, post-apply checks).
-  apply_outcome apply_payload(std::span<const std::byte> bytes, const apply_options& options) {
-    DCR_EXPECTS(has_attempt_, errc::not_ready, "receiver: payload before begin_attempt");
-    if (written_failure_) throw error(written_failure_->first, written_failure_->second);
-    const auto t0 = clock::now();
-    // Validate everything (checksum included) before trusting the id: a header damaged into a
-    // seen id must be reported as corrupt, not silently dropped as a duplicate.
-    const attempt_key expect{current_.base_version, current_.target_version,
-                                   current_.attempt};
-    const payload_header header = decoder_.decode(bytes, *registry_, items_, &expect);
-    if (ledger_.seen(header.id)) {
-      ++stats_.duplicates_dropped;
-      return apply_outcome::duplicate;
-    }
-    const auto t1 = clock::now();
-    apply_stats s;
-    try {
-      s = applier_.apply(items_, options);
-    } catch (const error& e) {
-      if (!refused_before_writes(e.dcr_code()))
-        written_failure_.emplace(e.dcr_code(), "receiver: attempt " + std::to_string(current_.base_version) + "-" +
-                                                   std::to_string(current_.target_version) + "-" +
-                                                   std::to_string(current_.attempt) +
-                                                   " is refused from here on: a payload of it failed after "
-                                                   "its writes had begun (" + std::string(e.what()) + ")");
-      throw;
-    }
-    ledger_.mark(header.id);
-    const auto t2 = clock::now();
-    ++stats_.payloads_applied;
-    ++stats_.attempt_payloads;
-    stats_.attempt_payload_digest += payload_id_digest(header.id);
-    stats_.payload_bytes += bytes.size();
-    stats_.records += s.records;
-    stats_.writes += s.writes;
-    stats_.verified += s.verified;
-    stats_.decode_seconds += seconds(t1 - t0);
-    stats_.apply_seconds += seconds(t2 - t1);
-    return apply_outcome::applied;
-  }
+  apply_outcome apply_payload(std::span<const std::byte> bytes, const apply_options& options);
 
-  void end_transition(std::uint64_t version) override {
-    committed_version_ = version;
-    has_attempt_ = false;
-  }
+  void end_transition(std::uint64_t version) override;
 
   [[nodiscard]] const receiver_stats& stats() const override { return stats_; }
   /// Empty before prewarm().
-  [[nodiscard]] std::span<const tensor_id> overwrite_only_tensors() const override {
-    if (!applier_.prewarmed()) return {};
-    return applier_.overwrite_only_tensors();
-  }
+  [[nodiscard]] std::span<const tensor_id> overwrite_only_tensors() const override;
   /// The version this receiver last saw committed.
   [[nodiscard]] std::uint64_t committed_version() const noexcept { return committed_version_; }
+
+ protected:
+  /// `applier` (the derived receiver's) must outlive this object; it is not used here before
+  /// the derived constructor has finished.
+  receiver_base(const tensor_registry& registry, item_applier_base& applier)
+      : registry_(&registry), applier_(&applier) {}
+  ~receiver_base() override;
 
  private:
   using clock = std::chrono::steady_clock;
   static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  /// The errors item_applier_base::apply raises before its first write (its contract).
+  static bool refused_before_writes(errc code);
 
   const tensor_registry* registry_;
-  item_applier<Loader> applier_;
+  item_applier_base* applier_;
   payload_decoder decoder_;
   payload_ledger ledger_;
   std::vector<item> items_;
-  /// The errors item_applier::apply raises before its first write (its contract).
-  static bool refused_before_writes(errc code) {
-    switch (code) {
-      case errc::not_ready:
-      case errc::unknown_tensor:
-      case errc::dtype_mismatch:
-      case errc::invalid_argument:
-      case errc::out_of_range:
-      case errc::unsupported_version:
-      case errc::unsupported_loader_path:
-        return true;
-      default:
-        return false;
-    }
-  }
-
   attempt_key current_{};
   /// Set when a payload of the current attempt failed after its writes began (see
   /// receiver_endpoint::apply_payload): the error every later payload of the attempt gets.
@@ -222,4 +147,39 @@ class receiver final : public receiver_endpoint {
   receiver_stats stats_;
 };
 
+namespace detail {
+/// Holds a receiver's item_applier ahead of its receiver_base (the base-from-member idiom), so
+/// the applier is constructed first and destroyed last.
+template <class Loader>
+struct receiver_applier {
+  item_applier<Loader> applier;
+};
+}  // namespace detail
+
+/// A receiver whose engine places tensors through `Loader` (dcr/apply/loader.hpp).
+template <class Loader>
+class receiver final : private detail::receiver_applier<Loader>, public receiver_base {
+ public:
+  /// The registry, loader and engine storage must outlive the receiver. `options` choose the
+  /// apply path (compiled by default) and post-apply checks for every payload.
+  receiver(const tensor_registry& registry, Loader& loader, apply_options options = {})
+      : detail::receiver_applier<Loader>{item_applier<Loader>(registry, loader, options)},
+        receiver_base(registry, this->applier) {}
+
+  /// Reserves scratch and compiles the loader's placement (see item_applier::prewarm). Call
+  /// once before the first transition and again whenever the engine's placement changes or its
+  /// storage moves. Throws errc::unsupported_loader_path naming the tensor for a loader path
+  /// dcr cannot apply through.
+  void prewarm() { this->applier.prewarm(); }
+
+  /// Loads one canonical tensor densely through the same loader (initial load, dense restore of
+  /// the committed version by a receiver that joins between attempts).
+  template <storage_word W>
+  void dense_load(tensor_id id, tensor_view<const W> canonical_words) {
+    this->applier.template dense_load<W>(id, canonical_words);
+  }
+};
+
 }  // namespace dcr
+
+#include "dcr/detail/refit/receiver.inl"

@@ -1,0 +1,24 @@
+// dcr/separate_compilation.hpp: the translation unit that compiles dcr's core once.
+//
+// For programs built with DCR_SEPARATE_COMPILATION (see dcr/config.hpp): include this header,
+// before any other dcr header, in exactly one .cpp file of the program, compiled with the same
+// DCR_SEPARATE_COMPILATION definition and flags as the rest:
+//
+//     // dcr_library.cpp
+//     #include <dcr/separate_compilation.hpp>
+//
+// That unit defines every non-template function of the headers dcr/dcr.hpp includes; the
+// program's other units then compile only the templates they instantiate with their own types.
+// Headers outside the umbrella (dcr/io/, the networked control planes and stores, dcr/exec/)
+// stay header-only in both modes and need nothing here.
+#pragma once
+
+#if !defined(DCR_SEPARATE_COMPILATION)
+#error "dcr/separate_compilation.hpp: define DCR_SEPARATE_COMPILATION for every translation unit of the program"
+#endif
+#if defined(DCR_CONFIG_INCLUDED)
+#error "dcr/separate_compilation.hpp must come before any other dcr header in its translation unit"
+#endif
+
+#define DCR_BUILDING_SEPARATE_LIBRARY 1
+#include "dcr/dcr.hpp"
