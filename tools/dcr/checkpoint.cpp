@@ -61,6 +61,7 @@ options:
   --no-wait               in place: refuse at once (status 8) instead of waiting while another
                           in-place apply or recover works in the same directory
   --json                  print the report as JSON
+  -q, --quiet             no progress line (shown on stderr only when it is a terminal)
   -h, --help              this text
 )";
 
@@ -80,8 +81,8 @@ options:
   -h, --help              this text
 )";
 
-constexpr const char* recover_usage = R"(usage: dcr recover BASE.safetensors [--json]
-       dcr recover BASE_DIR [--json]
+constexpr const char* recover_usage = R"(usage: dcr recover BASE.safetensors [options]
+       dcr recover BASE_DIR [options]
 
 Finishes an in-place apply of BASE (or of the sharded checkpoint in BASE_DIR) that a crash
 interrupted: rolls its journal forward, verifies the result and removes the journal. Does
@@ -91,6 +92,7 @@ options:
   --no-wait               refuse at once (status 8) instead of waiting while another in-place
                           apply or recover works in the same directory
   --json                  print the report as JSON
+  -q, --quiet             no progress line (shown on stderr only when it is a terminal)
   -h, --help              this text
 )";
 
@@ -121,10 +123,12 @@ void print_json(const ojson& j) { fmt::print("{}\n", j.dump(2)); }
 
 using dcr::io::apply_report;
 
-// DCR_CRASH_AT and DCR_CRASH_SHARD, --no-wait, and a note on stderr before waiting for the lock.
-dcr::io::in_place_options in_place_options_for(bool no_wait) {
+// DCR_CRASH_AT and DCR_CRASH_SHARD, --no-wait, a note on stderr before waiting for the lock, and
+// the progress line.
+dcr::io::in_place_options in_place_options_for(bool no_wait, progress_line& progress) {
   auto o = dcr::io::in_place_options_from_environment();
   o.wait_for_lock = !no_wait;
+  o.progress = progress.callback();
   o.on_lock_wait = [](const std::filesystem::path& dir) {
     fmt::print(stderr,
                "dcr: another in-place apply or recover is working in '{}'; waiting for it to "
@@ -165,8 +169,7 @@ int diff_main(const std::vector<std::string>& argv) {
   options.zstd_level = static_cast<int>(level);
   options.payload_records = static_cast<std::size_t>(per_payload);
   progress_line progress("dcr diff: scanned", progress_wanted(quiet));
-  if (progress.enabled())
-    options.progress = [&](std::uint64_t done, std::uint64_t total) { progress.update(done, total); };
+  options.progress = progress.callback();
 
   const bool old_dir = std::filesystem::is_directory(files[0]);
   if (old_dir != std::filesystem::is_directory(files[1]))
@@ -215,6 +218,7 @@ int apply_main(const std::vector<std::string>& argv) {
   const bool in_place = args.flag("--in-place");
   const bool no_wait = args.flag("--no-wait");
   const bool json = args.flag("--json");
+  const bool quiet = args.flag("--quiet") || args.flag("-q");
   const auto files = args.positionals();
   args.finish();
   expect_positionals(files, 2, "DELTA and BASE");
@@ -229,14 +233,18 @@ int apply_main(const std::vector<std::string>& argv) {
                       "directories)"
                 : "'" + files[0] + "' is a delta of sharded checkpoints (directories) but BASE '" +
                       files[1] + "' is not a directory");
-  const auto options = in_place ? in_place_options_for(no_wait) : dcr::io::in_place_options{};
+  progress_line progress("dcr apply: processed", progress_wanted(quiet));
+  const auto options =
+      in_place ? in_place_options_for(no_wait, progress) : dcr::io::in_place_options{};
+  const dcr::io::apply_options to_new{.progress = progress.callback()};
   apply_report r;
   if (sharded)
     r = in_place ? dcr::io::apply_sharded_delta_in_place(files[0], files[1], options)
-                 : dcr::io::apply_sharded_delta(files[0], files[1], out);
+                 : dcr::io::apply_sharded_delta(files[0], files[1], out, to_new);
   else
     r = in_place ? dcr::io::apply_delta_in_place(files[0], files[1], options)
-                 : dcr::io::apply_delta(files[0], files[1], out);
+                 : dcr::io::apply_delta(files[0], files[1], out, to_new);
+  progress.finish();
   const std::string result = in_place ? files[1] : out;
   if (json) {
     ojson j;
@@ -268,13 +276,16 @@ int recover_main(const std::vector<std::string>& argv) {
   }
   const bool no_wait = args.flag("--no-wait");
   const bool json = args.flag("--json");
+  const bool quiet = args.flag("--quiet") || args.flag("-q");
   const auto files = args.positionals();
   args.finish();
   expect_positionals(files, 1, "BASE");
-  const auto options = in_place_options_for(no_wait);
+  progress_line progress("dcr recover: processed", progress_wanted(quiet));
+  const auto options = in_place_options_for(no_wait, progress);
   const auto r = std::filesystem::is_directory(files[0])
                      ? dcr::io::recover_sharded_in_place(files[0], options)
                      : dcr::io::recover_in_place(files[0], options);
+  progress.finish();
   if (json) {
     ojson j;
     j["base"] = files[0];
