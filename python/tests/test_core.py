@@ -266,3 +266,37 @@ def test_residual_conversion_runs_only_when_an_input_changed():
     with pytest.raises(dcr.Error, match="residual task 'bad'.*RuntimeError"):
         bad.initialize([], [master])
 
+
+def test_inspect_names_the_changed_tensors_given_the_base(tmp_path):
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(3)
+    old = {"a": rng.standard_normal((4, 8)).astype(np.float32),
+           "b": rng.standard_normal(16).astype(np.float16),
+           "c": np.arange(6, dtype=np.int32)}
+    new = {k: v.copy() for k, v in old.items()}
+    new["a"][1, 2] += 1
+    new["c"][5] = -1
+    paths = {k: str(tmp_path / f"{k}.safetensors") for k in ("old", "new")}
+    save_file(old, paths["old"])
+    save_file(new, paths["new"])
+    delta = tmp_path / "step.dcrdelta"
+    dcr.diff(paths["old"], paths["new"], delta)
+    # A delta alone names no tensor: items by id only.
+    alone = dcr.inspect(delta)
+    assert alone["kind"] == "delta" and alone["tensors"] is None
+    assert alone["changed_tensors"] == 2 and alone["records"] == 2
+    assert all(it["tensor"] is None for p in alone["payloads"] for it in p["items"])
+    # With its base: every tensor by name, the changed ones marked; items named too.
+    info = dcr.inspect(delta, paths["old"])
+    assert [t["name"] for t in info["tensors"]] == ["a", "b", "c"]
+    assert {t["name"] for t in info["tensors"] if t["changed"]} == {"a", "c"}
+    assert {it["tensor"] for p in info["payloads"] for it in p["items"]} == {"a", "c"}
+    assert info["tensors"][0]["dtype"] == "F32" and info["tensors"][0]["shape"] == [4, 8]
+    # The same fields as `dcr inspect --json`, less nothing: the base only adds names.
+    assert {k: v for k, v in info.items() if k not in ("tensors", "payloads", "metadata")} == \
+        {k: v for k, v in alone.items() if k not in ("tensors", "payloads", "metadata")}
+    # Another checkpoint is refused as the base, as apply refuses it.
+    other = str(tmp_path / "other.safetensors")
+    save_file({"a": old["a"]}, other)
+    with pytest.raises(dcr.RegistryMismatch):
+        dcr.inspect(delta, other)
