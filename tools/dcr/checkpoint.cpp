@@ -6,10 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include <array>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 #include <string>
 
 #include "args.hpp"
