@@ -27,10 +27,11 @@ save_file(new, paths["new"])
 
 report = dcr.diff(paths["old"], paths["new"], os.path.join(d, "step.delta"))
 print(f"diff: {report['changed_elements']} of {report['elements']} elements changed, delta {report['delta_bytes']} bytes")
-info = dcr.inspect(os.path.join(d, "step.delta"))
-# A delta names no tensors (its base does): items refer to tensors by id, in the base's order.
-changed = sorted({it["tensor_id"] for p in info["payloads"] for it in p["items"]})
-print("inspect: tensor ids", changed, "changed;", len(info["payloads"]), "payload(s)")
+# A delta names no tensors (its base does): alone, its items refer to tensors by id; given the
+# base it applies to, inspect lists the tensors by name.
+info = dcr.inspect(os.path.join(d, "step.delta"), paths["old"])
+changed = [t["name"] for t in info["tensors"] if t["changed"]]
+print("inspect:", changed, "changed;", len(info["payloads"]), "payload(s)")
 dcr.apply(os.path.join(d, "step.delta"), paths["old"], out=paths["out"])
 same = open(paths["out"], "rb").read() == open(paths["new"], "rb").read()
 print("apply:", "result equals NEW byte for byte" if same else "MISMATCH")

@@ -24,6 +24,12 @@ def apply(delta, base, out=None, in_place=False):
     return _dcr._apply(os.fspath(delta), os.fspath(base), None if out is None else os.fspath(out))
 
 
-def inspect(delta):
-    """Validates a delta file (or an in-place journal) and describes its tensors and payloads."""
-    return _dcr._inspect(os.fspath(delta))
+def inspect(delta, base=None):
+    """Validates a delta file (or an in-place journal) and describes it as `dcr inspect --json`
+    does: digests, sizes, and every payload's items (by tensor id). A delta names no tensors
+    (they are its base's), so "tensors" is None unless `base`, the safetensors file the delta
+    applies to, is given: it is checked against the delta as apply checks it (tensors and
+    header; dcr.RegistryMismatch or dcr.VerificationFailed for another file) and "tensors" lists
+    every tensor by name with "changed" (whether any item writes it). A journal holds its base's
+    header and always lists them."""
+    return _dcr._inspect(os.fspath(delta), None if base is None else os.fspath(base))

@@ -1,10 +1,11 @@
 // python/src/io.cpp: whole checkpoints, as `dcr diff`, `dcr apply` and `dcr inspect` do them
-// (dcr/io/checkpoint.hpp): reports come back as dicts with the CLI's --json field names.
+// (dcr/io/checkpoint.hpp): reports come back as dicts with the CLI's --json field names
+// (dcr/io/report_json.hpp).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
-#include <cstring>
-#include <fstream>
+#include <filesystem>
+#include <optional>
 
 #include "common.hpp"
 #include "dcr/io/checkpoint.hpp"
@@ -12,8 +13,6 @@
 
 namespace dcr_py {
 namespace {
-
-const char* encoding_names[3] = {"overwrite", "xor", "ulp"};
 
 nb::object dict_of(const nlohmann::ordered_json& j) {
   return nb::module_::import_("json").attr("loads")(j.dump());
@@ -58,58 +57,17 @@ void bind_io(nb::module_& m) {
         nb::arg("delta"), nb::arg("base"), nb::arg("out") = nb::none());
 
   m.def("_inspect",
-        [](const std::string& path) {
-          auto kind = dcr::io::container_kind::delta;
+        [](const std::string& path, std::optional<std::string> base) {
+          nlohmann::ordered_json j;
           {
-            std::ifstream in(path, std::ios::binary);
-            char magic[8] = {};
-            in.read(magic, 8);
-            if (in.gcount() == 8 && std::memcmp(magic, dcr::io::delta_format::journal_magic.data(), 8) == 0)
-              kind = dcr::io::container_kind::journal;
+            nb::gil_scoped_release release;
+            const auto d = dcr::io::open_for_inspect(
+                path, base ? std::optional<std::filesystem::path>(*base) : std::nullopt);
+            j = dcr::io::inspect_json(d, path);
           }
-          const auto file = dcr::io::delta_file::open(path, kind);
-          nb::dict j;
-          j["file"] = path;
-          j["kind"] = kind == dcr::io::container_kind::delta ? "delta" : "journal";
-          j["format_version"] = dcr::io::delta_format::version;
-          j["bytes"] = file.bytes().size();
-          char fp[17];
-          std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(file.registry_fingerprint()));
-          j["registry_fingerprint"] = std::string(fp);
-          j["tensor_bytes"] = file.tensor_bytes();
-          j["tensor_count"] = file.tensor_count();
-          j["target_file_bytes"] = file.target_file_size();
-          j["base_digest"] = file.base_digest().hex();
-          j["result_digest"] = file.result_digest().hex();
-          j["base_header_digest"] = file.base_header_digest().hex();
-          j["target_header_digest"] = file.target_header_digest().hex();
-          nb::list payloads;
-          std::vector<dcr::item_entry> entries;
-          for (std::size_t i = 0; i < file.payload_count(); ++i) {
-            const auto h = dcr::payload_decoder::read_table(file.payload(i), entries);
-            nb::dict p;
-            p["index"] = i;
-            p["bytes"] = file.payload(i).size();
-            p["direction"] = file.is_undo(i) ? "undo" : "forward";
-            p["owner"] = h.id.owner;
-            p["sequence"] = h.id.sequence;
-            nb::list items;
-            for (const auto& e : entries) {
-              nb::dict it;
-              it["tensor_id"] = e.tensor;
-              it["encoding"] = e.encoding_code < 3 ? encoding_names[e.encoding_code] : "unknown";
-              it["records"] = e.count;
-              it["location_bytes"] = e.location_size;
-              it["value_bytes"] = e.value_size;
-              items.append(it);
-            }
-            p["items"] = items;
-            payloads.append(p);
-          }
-          j["payloads"] = payloads;
-          return j;
+          return dict_of(j);
         },
-        nb::arg("delta"));
+        nb::arg("delta"), nb::arg("base") = nb::none());
 }
 
 }  // namespace dcr_py

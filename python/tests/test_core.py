@@ -173,6 +173,53 @@ def test_apply_paths_match_a_dense_load(path):
     assert torch.equal(m.lin.weight.detach().view(torch.int16), after.view(torch.int16))
 
 
+class TiedModel(torch.nn.Module):
+    """tie_word_embeddings: lm_head.weight is the embedding's Parameter, and the state dict (as
+    a checkpoint saved from it) holds both names."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(8, 4, dtype=torch.bfloat16)
+        self.lm_head = torch.nn.Linear(4, 8, bias=False, dtype=torch.bfloat16)
+        self.lm_head.weight = self.embed.weight
+
+
+TIED = [("embed.weight", "BF16", (8, 4)), ("lm_head.weight", "BF16", (8, 4))]
+
+
+def test_shared_storage_is_refused_at_prewarm_unless_declared_tied():
+    reg = dcr.Registry(TIED)
+    m = TiedModel()
+    # Undeclared: the loader writes both tensors into one storage; prewarm refuses, naming both.
+    with pytest.raises(dcr.UnsupportedLoaderPath,
+                       match=r"tensors '(embed|lm_head)\.weight' and '(embed|lm_head)\.weight' are "
+                             r"written into the same storage.*does not declare them tied"):
+        dcr.Receiver(reg, m.load_state_dict).prewarm()
+    # Declared: accepted, both tensors overwrite-only.
+    rx = dcr.Receiver(reg, m.load_state_dict, tied=[("embed.weight", "lm_head.weight")]).prewarm()
+    reports = {r["tensor"]: r for r in rx.placement_report()}
+    assert reports["embed.weight"]["overwrite_only"] and reports["lm_head.weight"]["overwrite_only"]
+    assert sorted(rx.overwrite_only_tensors()) == ["embed.weight", "lm_head.weight"]
+    # A refit through the tie is bit-exact: the trainer keeps both tensors bit-equal, and its
+    # owner is told (as the protocol tells it) that they take overwrite records only.
+    tasks = [dcr.AffineTask(reg, name, dcr.replicated([8, 4]), name) for name, _, _ in TIED]
+    owner = dcr.Owner(reg, 0, tasks)
+    owner.set_overwrite_only(rx.overwrite_only_tensors())
+    before = torch.randn(8, 4).to(torch.bfloat16)
+    after = before.clone()
+    after[0, 1] = -after[0, 1]
+    after[5] = after[5] * 3
+    after[7, 3] = float("nan")
+    owner.initialize([before, before.clone()])
+    rx.load({"embed.weight": before, "lm_head.weight": before})
+    assert torch.equal(m.embed.weight.detach().view(torch.int16), before.view(torch.int16))
+    rx.begin_attempt(0, 1)
+    payloads = owner.build_payloads([after, after.clone()], 0, 1)
+    assert payloads and all(rx.apply_payload(p) == "applied" for p in payloads)
+    assert m.lm_head.weight.data_ptr() == m.embed.weight.data_ptr()
+    assert torch.equal(m.embed.weight.detach().view(torch.int16), after.view(torch.int16))
+
+
 def test_bad_payloads_change_nothing():
     reg, m, rx = tiny_receiver()
     rx.prewarm()
@@ -218,3 +265,38 @@ def test_residual_conversion_runs_only_when_an_input_changed():
     bad = dcr.Owner(reg, 0, [], [dcr.ResidualTask(reg, "bad", [("m", "F32", (8,))], ["n"], broken)])
     with pytest.raises(dcr.Error, match="residual task 'bad'.*RuntimeError"):
         bad.initialize([], [master])
+
+
+def test_inspect_names_the_changed_tensors_given_the_base(tmp_path):
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(3)
+    old = {"a": rng.standard_normal((4, 8)).astype(np.float32),
+           "b": rng.standard_normal(16).astype(np.float16),
+           "c": np.arange(6, dtype=np.int32)}
+    new = {k: v.copy() for k, v in old.items()}
+    new["a"][1, 2] += 1
+    new["c"][5] = -1
+    paths = {k: str(tmp_path / f"{k}.safetensors") for k in ("old", "new")}
+    save_file(old, paths["old"])
+    save_file(new, paths["new"])
+    delta = tmp_path / "step.dcrdelta"
+    dcr.diff(paths["old"], paths["new"], delta)
+    # A delta alone names no tensor: items by id only.
+    alone = dcr.inspect(delta)
+    assert alone["kind"] == "delta" and alone["tensors"] is None
+    assert alone["changed_tensors"] == 2 and alone["records"] == 2
+    assert all(it["tensor"] is None for p in alone["payloads"] for it in p["items"])
+    # With its base: every tensor by name, the changed ones marked; items named too.
+    info = dcr.inspect(delta, paths["old"])
+    assert [t["name"] for t in info["tensors"]] == ["a", "b", "c"]
+    assert {t["name"] for t in info["tensors"] if t["changed"]} == {"a", "c"}
+    assert {it["tensor"] for p in info["payloads"] for it in p["items"]} == {"a", "c"}
+    assert info["tensors"][0]["dtype"] == "F32" and info["tensors"][0]["shape"] == [4, 8]
+    # The same fields as `dcr inspect --json`, less nothing: the base only adds names.
+    assert {k: v for k, v in info.items() if k not in ("tensors", "payloads", "metadata")} == \
+        {k: v for k, v in alone.items() if k not in ("tensors", "payloads", "metadata")}
+    # Another checkpoint is refused as the base, as apply refuses it.
+    other = str(tmp_path / "other.safetensors")
+    save_file({"a": old["a"]}, other)
+    with pytest.raises(dcr.RegistryMismatch):
+        dcr.inspect(delta, other)

@@ -3,6 +3,7 @@
 
 def test_checkpoint_example(example, tmp_path):
     out = example("checkpoint.py", str(tmp_path))
+    assert "inspect: ['w'] changed" in out
     assert "result equals NEW byte for byte" in out
     assert "wrong base refused" in out
 

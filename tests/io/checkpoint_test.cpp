@@ -2,12 +2,13 @@
 // policy, wrong bases and corrupted deltas refused without output, and in-place apply with a
 // crash injected after every step, recovered to exactly the result bits.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dcr/io/checkpoint.hpp"
@@ -18,7 +19,9 @@ using dcr::encoding;
 using dcr::encoding_policy;
 using dcr::errc;
 using namespace dcr::io;
+using io_test::progress_calls;
 using io_test::read_file;
+using io_test::run_in_child;
 using io_test::thrown_error;
 
 namespace {
@@ -131,21 +134,6 @@ struct fixture {
     new_ckpt.write(new_path);
   }
 };
-
-int run_in_child(const std::function<void()>& f) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    try {
-      f();
-    } catch (...) {
-      std::_Exit(3);
-    }
-    std::_Exit(0);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 }  // namespace
 
@@ -672,4 +660,99 @@ TEST_CASE("a delta listing an element twice, in two payloads, is refused the sam
   CHECK(read_file(base) == base_bytes);
   std::filesystem::remove(base);
   CHECK(fx.dir.files() == files);
+}
+
+namespace {
+
+// Tensor bytes of `c`, and bytes of the elements that differ between `a` and `b`.
+std::uint64_t tensor_bytes_of(const checkpoint& c) {
+  std::uint64_t n = 0;
+  for (const auto& d : c.data) n += d.size();
+  return n;
+}
+std::uint64_t changed_bytes_between(const checkpoint& a, const checkpoint& b) {
+  std::uint64_t n = 0;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const std::size_t w = dcr::dtype_size(specs[i].type);
+    for (std::size_t e = 0; e < a.data[i].size(); e += w)
+      if (std::memcmp(a.data[i].data() + e, b.data[i].data() + e, w) != 0) n += w;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("progress: apply, in-place apply and recovery count the bytes planned at the start") {
+  fixture fx;
+  diff_options o;
+  o.payload_records = 300;  // several payloads
+  (void)diff_checkpoints(fx.old_path, fx.new_path, fx.delta_path, o);
+  const std::uint64_t tensors = tensor_bytes_of(fx.old_ckpt);
+  const std::uint64_t changed = changed_bytes_between(fx.old_ckpt, fx.new_ckpt);
+  REQUIRE(changed > 0);
+  const auto base = fx.dir / "base.safetensors";
+  const auto fresh_base = [&] {
+    std::filesystem::remove(base);
+    std::filesystem::copy_file(fx.old_path, base);
+  };
+
+  SUBCASE("apply to a new file: BASE digested and copied, the changes, the result digested") {
+    progress_calls p;
+    (void)apply_delta(fx.delta_path, fx.old_path, fx.dir / "out.safetensors",
+                      apply_options{.progress = p.callback()});
+    p.check(3 * tensors + changed);
+    CHECK(read_file(fx.dir / "out.safetensors") == read_file(fx.new_path));
+  }
+  SUBCASE("in place, and again when already applied: BASE digested, changes journaled and "
+          "written, the result digested") {
+    fresh_base();
+    for (const bool again : {false, true}) {
+      CAPTURE(again);
+      progress_calls p;
+      in_place_options io;
+      io.progress = p.callback();
+      CHECK(apply_delta_in_place(fx.delta_path, base, io).already_applied == again);
+      p.check(2 * tensors + 2 * changed);
+      CHECK(read_file(base) == read_file(fx.new_path));
+    }
+  }
+  SUBCASE("recovery: BASE digested if it is still there, the changes written, the result "
+          "digested") {
+    for (const auto step : {in_place_step::journal_committed, in_place_step::half_written}) {
+      CAPTURE(in_place_step_name(step));
+      fresh_base();
+      in_place_options crash;
+      crash.crash_at = step;
+      REQUIRE(run_in_child([&] { (void)apply_delta_in_place(fx.delta_path, base, crash); }) ==
+              crash_exit_status);
+      progress_calls p;
+      in_place_options io;
+      io.progress = p.callback();
+      CHECK(recover_in_place(base, io).rolled_forward);
+      p.check((step == in_place_step::journal_committed ? tensors : 0) + changed + tensors);
+      CHECK(read_file(base) == read_file(fx.new_path));
+    }
+  }
+  SUBCASE("an in-place apply that finishes an interrupted one reports both, each from 0") {
+    fresh_base();
+    in_place_options crash;
+    crash.crash_at = in_place_step::half_written;
+    REQUIRE(run_in_child([&] { (void)apply_delta_in_place(fx.delta_path, base, crash); }) ==
+            crash_exit_status);
+    progress_calls p;
+    in_place_options io;
+    io.progress = p.callback();
+    const auto r = apply_delta_in_place(fx.delta_path, base, io);
+    CHECK(r.recovered);
+    CHECK(r.already_applied);
+    REQUIRE_FALSE(p.calls.empty());
+    // The recovery's calls, then the apply's (which finds the result in place).
+    const std::uint64_t recovery = changed + tensors;
+    const auto split = std::find_if(p.calls.begin(), p.calls.end(),
+                                    [&](const auto& c) { return c.second != recovery; });
+    progress_calls first{{p.calls.begin(), split}};
+    progress_calls second{{split, p.calls.end()}};
+    first.check(recovery);
+    second.check(2 * tensors + 2 * changed);
+  }
 }

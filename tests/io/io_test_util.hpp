@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -13,11 +15,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dcr/error.hpp"
@@ -89,5 +93,44 @@ dcr::error thrown_error(F&& f) {
   FAIL("expected a dcr::error");
   return dcr::error(dcr::errc::ok, "");
 }
+
+/// Runs `f` in a child process (fork) and returns its exit status: 0 if it returned, 3 if it
+/// threw, or whatever status it ended the process with (a crash injection's), -1 if killed.
+inline int run_in_child(const std::function<void()>& f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      f();
+    } catch (...) {
+      std::_Exit(3);
+    }
+    std::_Exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/// What a dcr::io::progress_callback received: (done, total) per call.
+struct progress_calls {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> calls;
+
+  /// A callback recording into this object (which must outlive it).
+  std::function<void(std::uint64_t, std::uint64_t)> callback() {
+    return [this](std::uint64_t done, std::uint64_t total) { calls.emplace_back(done, total); };
+  }
+  /// Checks one operation's calls: all with `total`, `done` growing to it and never past it.
+  void check(std::uint64_t total) const {
+    REQUIRE_FALSE(calls.empty());
+    std::uint64_t last = 0;
+    for (const auto& [done, t] : calls) {
+      CHECK(t == total);
+      CHECK(done >= last);
+      CHECK(done <= total);
+      last = done;
+    }
+    CHECK(calls.back().first == total);
+  }
+};
 
 }  // namespace io_test

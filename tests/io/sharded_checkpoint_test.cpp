@@ -149,3 +149,48 @@ TEST_CASE("sharded: a shard whose result does not verify undoes every shard") {
   (void)apply_sharded_delta_in_place(dir / "good.dcrdelta", dir / "base");
   CHECK(same_files(dir / "base", dir / "new"));
 }
+
+TEST_CASE("sharded: the progress of apply, in-place apply and recovery counts every shard") {
+  scratch_dir dir;
+  write_checkpoint(dir / "old", 0);
+  write_checkpoint(dir / "new", 1);
+  (void)diff_sharded_checkpoints(dir / "old", dir / "new", dir / "step.dcrdelta");
+  // Per shard: two tensors of 512 BF16 elements, one element in eight changed.
+  constexpr std::uint64_t t = 2 * 1024;
+  constexpr std::uint64_t r = 2 * 64 * 2;
+  {
+    io_test::progress_calls p;
+    (void)apply_sharded_delta(dir / "step.dcrdelta", dir / "old", dir / "out",
+                              apply_options{.progress = p.callback()});
+    p.check(3 * (3 * t + r));
+    CHECK(same_files(dir / "out", dir / "new"));
+  }
+  // In place (each shard: digested, journaled, digested again in place, written, verified),
+  // then again when every shard holds its result.
+  std::filesystem::copy(dir / "old", dir / "base");
+  for (const bool again : {false, true}) {
+    CAPTURE(again);
+    io_test::progress_calls p;
+    in_place_options o;
+    o.progress = p.callback();
+    CHECK(apply_sharded_delta_in_place(dir / "step.dcrdelta", dir / "base", o).already_applied ==
+          again);
+    p.check(3 * (3 * t + 2 * r));
+    CHECK(same_files(dir / "base", dir / "new"));
+  }
+  // Recovery after a crash half way through the first shard: that shard is hidden (not
+  // digested before rolling forward), the other two are still in place.
+  std::filesystem::remove_all(dir / "base");
+  std::filesystem::copy(dir / "old", dir / "base");
+  in_place_options crash;
+  crash.crash_at = in_place_step::half_written;
+  REQUIRE(io_test::run_in_child([&] {
+            (void)apply_sharded_delta_in_place(dir / "step.dcrdelta", dir / "base", crash);
+          }) == crash_exit_status);
+  io_test::progress_calls p;
+  in_place_options o;
+  o.progress = p.callback();
+  CHECK(recover_sharded_in_place(dir / "base", o).rolled_forward);
+  p.check((r + t) + 2 * (2 * t + r));
+  CHECK(same_files(dir / "base", dir / "new"));
+}

@@ -5,7 +5,8 @@ user runs them (docs/tool.md).
 
     checkpoint_tool.py SCENARIO DCR
 
-Scenarios: sharded-roundtrip, sharded-refusals, sharded-crash, symlinks, lock, conventions.
+Scenarios: sharded-roundtrip, sharded-refusals, sharded-crash, symlinks, lock, conventions,
+progress.
 Exits 0 only if every step behaved as documented. Checkpoints are written here with numpy in the
 safetensors format (8-byte header length, JSON header, data), sharded as the Hugging Face
 writers shard them: model-0000i-of-0000n.safetensors and model.safetensors.index.json.
@@ -41,6 +42,36 @@ def run(*args, status=0, env=None, stdin=None):
         fail(f"dcr {' '.join(args)} exited {p.returncode}, expected {status}\n"
              f"stdout: {p.stdout}\nstderr: {p.stderr}")
     return p.stdout, p.stderr
+
+
+def on_tty(*args, status=0, env=None):
+    """Runs dcr with `args` and its stderr on a pseudo-terminal (stdout to a file); checks its
+    exit status; returns (stdout, everything written to the terminal)."""
+    e = dict(os.environ)
+    e.update(env or {})
+    master, slave = os.openpty()
+    with tempfile.TemporaryFile() as out:
+        p = subprocess.Popen([DCR, *args], stdin=subprocess.DEVNULL, stdout=out, stderr=slave,
+                             env=e)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the last holder of the terminal's other end closed it
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(master)
+        p.wait()
+        out.seek(0)
+        stdout = out.read().decode()
+    tty = b"".join(chunks).decode(errors="replace")
+    if p.returncode != status:
+        fail(f"dcr {' '.join(args)} on a terminal exited {p.returncode}, expected {status}\n"
+             f"stdout: {stdout}\nterminal: {tty!r}")
+    return stdout, tty
 
 
 def write_safetensors(path, tensors, metadata):
@@ -463,23 +494,108 @@ try:
         if err.count("called out of protocol order") != 1:
             fail(f"the error code is not printed exactly once: {err}")
         run("recover", "base.safetensors")
-        # Progress on a terminal (script(1) gives dcr one), silenced by --quiet, absent otherwise.
-        def on_tty(*args):
-            cmd = " ".join([DCR, *args, ">/dev/null"])
-            p = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True,
-                               text=True, stdin=subprocess.DEVNULL)
-            if p.returncode != 0:
-                fail(f"{cmd} on a terminal exited {p.returncode}: {p.stdout}")
-            return p.stdout
-        tty = on_tty("diff", "old", "new", "-o", "p.dcrdelta")
-        if "MB/s" not in tty or "scanned" not in tty:
-            fail(f"no progress on a terminal: {tty!r}")
-        tty = on_tty("diff", "old", "new", "-o", "p.dcrdelta", "--quiet")
-        if "MB/s" in tty:
-            fail(f"progress despite --quiet: {tty!r}")
-        _, err = run("diff", "old", "new", "-o", "p.dcrdelta")
-        if "MB/s" in err:
-            fail("progress on a stderr that is not a terminal")
+
+    elif SCENARIO == "progress":
+        # Every command with a progress line, on files and on directories: on a terminal the
+        # line is drawn (and reaches 100%: the work planned at the start is all counted), -q and
+        # --quiet leave the terminal silent, and a stderr that is not a terminal gets nothing.
+        one_old = "old/model-00001-of-00003.safetensors"
+        one_new = "new/model-00001-of-00003.safetensors"
+        run("diff", one_old, one_new, "-o", "one.dcrdelta")
+        run("diff", "old", "new", "-o", "step.dcrdelta")
+
+        def fresh(kind):
+            """A copy of OLD's first shard or of OLD's directory to apply to in place."""
+            for p in ("base.safetensors", "base"):
+                if os.path.isdir(p):
+                    shutil.rmtree(p)
+                elif os.path.exists(p):
+                    os.remove(p)
+            if kind == "file":
+                shutil.copy(one_old, "base.safetensors")
+                return "base.safetensors"
+            shutil.copytree("old", "base")
+            return "base"
+
+        def check_result(kind, path):
+            if kind == "file" and read(path) != read(one_new):
+                fail(f"{path} is not NEW's first shard")
+            if kind == "dir" and not same_dir(path, "new"):
+                fail(f"{path} is not NEW")
+
+        def outputs_gone():
+            for p in ("out.safetensors", "out"):
+                if os.path.isdir(p):
+                    shutil.rmtree(p)
+                elif os.path.exists(p):
+                    os.remove(p)
+
+        def expect_progress(tty, label, what):
+            if f"{label}: " not in tty or "MB/s" not in tty:
+                fail(f"{what}: no progress line on a terminal: {tty!r}")
+            if "(100%)" not in tty:
+                fail(f"{what}: the progress line never reached 100%: {tty!r}")
+            if not tty.endswith("\r\x1b[K"):
+                fail(f"{what}: the progress line was not erased at the end: {tty!r}")
+
+        # (what, kind, command, its progress label, set up before each run, the result to check)
+        cases = []
+        for kind, delta, old_, new_ in (("file", "one.dcrdelta", one_old, one_new),
+                                        ("dir", "step.dcrdelta", "old", "new")):
+            out = "out.safetensors" if kind == "file" else "out"
+            base = "base.safetensors" if kind == "file" else "base"
+
+            def applied(kind=kind, delta=delta):
+                run("apply", delta, fresh(kind), "--in-place")
+
+            def crashed(kind=kind, delta=delta):
+                run("apply", delta, fresh(kind), "--in-place", status=86,
+                    env={"DCR_CRASH_AT": "half-written", "DCR_CRASH_SHARD": "0"})
+
+            def crashed_before_hiding(kind=kind, delta=delta):
+                run("apply", delta, fresh(kind), "--in-place", status=86,
+                    env={"DCR_CRASH_AT": "journal-committed"})
+
+            in_place = ["apply", delta, base, "--in-place"]
+            cases += [
+                (f"diff {kind}", kind, ["diff", old_, new_, "-o", "p.dcrdelta"],
+                 "dcr diff: scanned", lambda: None, None),
+                (f"apply -o {kind}", kind, ["apply", delta, old_, "-o", out],
+                 "dcr apply: processed", outputs_gone, out),
+                (f"apply --in-place {kind}", kind, in_place, "dcr apply: processed",
+                 lambda kind=kind: fresh(kind), base),
+                (f"apply --in-place {kind}, already applied", kind, in_place,
+                 "dcr apply: processed", applied, base),
+                (f"apply --in-place {kind} after a crash", kind, in_place,
+                 "dcr apply: processed", crashed, base),
+                (f"recover {kind}", kind, ["recover", base], "dcr recover: processed",
+                 crashed, base),
+                (f"recover {kind}, BASE not hidden yet", kind, ["recover", base],
+                 "dcr recover: processed", crashed_before_hiding, base),
+            ]
+        for what, kind, args, label, setup, result in cases:
+            setup()
+            _, tty = on_tty(*args)
+            expect_progress(tty, label, what)
+            if result:
+                check_result(kind, result)
+            for quiet in ("--quiet", "-q"):
+                setup()
+                _, tty = on_tty(*args, quiet)
+                if tty:
+                    fail(f"{what} {quiet}: the terminal got {tty!r}")
+                if result:
+                    check_result(kind, result)
+            for flags in ([], ["--quiet"]):
+                setup()
+                _, err = run(*args, *flags)
+                if err:
+                    fail(f"{what} {flags}: a stderr that is not a terminal got {err!r}")
+        # --help names the option for every command with a progress line.
+        for cmd in ("diff", "apply", "recover"):
+            out, _ = run(cmd, "--help")
+            if "--quiet" not in out:
+                fail(f"{cmd} --help does not document --quiet")
     else:
         fail("unknown scenario")
 finally:

@@ -6,10 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include <array>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 #include <string>
 
 #include "args.hpp"
@@ -61,6 +59,7 @@ options:
   --no-wait               in place: refuse at once (status 8) instead of waiting while another
                           in-place apply or recover works in the same directory
   --json                  print the report as JSON
+  -q, --quiet             no progress line (shown on stderr only when it is a terminal)
   -h, --help              this text
 )";
 
@@ -80,8 +79,8 @@ options:
   -h, --help              this text
 )";
 
-constexpr const char* recover_usage = R"(usage: dcr recover BASE.safetensors [--json]
-       dcr recover BASE_DIR [--json]
+constexpr const char* recover_usage = R"(usage: dcr recover BASE.safetensors [options]
+       dcr recover BASE_DIR [options]
 
 Finishes an in-place apply of BASE (or of the sharded checkpoint in BASE_DIR) that a crash
 interrupted: rolls its journal forward, verifies the result and removes the journal. Does
@@ -91,6 +90,7 @@ options:
   --no-wait               refuse at once (status 8) instead of waiting while another in-place
                           apply or recover works in the same directory
   --json                  print the report as JSON
+  -q, --quiet             no progress line (shown on stderr only when it is a terminal)
   -h, --help              this text
 )";
 
@@ -99,32 +99,16 @@ void expect_positionals(const std::vector<std::string>& p, std::size_t want, con
     throw usage_error(fmt::format("expected {} ({} file argument(s) given)", names, p.size()));
 }
 
-const char* encoding_name(std::uint8_t code) {
-  switch (code) {
-    case 0: return "overwrite";
-    case 1: return "xor";
-    case 2: return "ulp";
-    default: return "unknown";
-  }
-}
-const char* location_coding_name(std::uint8_t code) {
-  constexpr std::array<const char*, 4> names = {"skip_varint", "skip_buckets", "bitmap", "runs"};
-  return code < names.size() ? names[code] : "unknown";
-}
-const char* value_coding_name(std::uint8_t code) {
-  constexpr std::array<const char*, 5> names = {"raw", "byte_planes", "zigzag_planes", "buckets",
-                                                "zigzag_buckets"};
-  return code < names.size() ? names[code] : "unknown";
-}
-
 void print_json(const ojson& j) { fmt::print("{}\n", j.dump(2)); }
 
 using dcr::io::apply_report;
 
-// DCR_CRASH_AT and DCR_CRASH_SHARD, --no-wait, and a note on stderr before waiting for the lock.
-dcr::io::in_place_options in_place_options_for(bool no_wait) {
+// DCR_CRASH_AT and DCR_CRASH_SHARD, --no-wait, a note on stderr before waiting for the lock, and
+// the progress line.
+dcr::io::in_place_options in_place_options_for(bool no_wait, progress_line& progress) {
   auto o = dcr::io::in_place_options_from_environment();
   o.wait_for_lock = !no_wait;
+  o.progress = progress.callback();
   o.on_lock_wait = [](const std::filesystem::path& dir) {
     fmt::print(stderr,
                "dcr: another in-place apply or recover is working in '{}'; waiting for it to "
@@ -165,8 +149,7 @@ int diff_main(const std::vector<std::string>& argv) {
   options.zstd_level = static_cast<int>(level);
   options.payload_records = static_cast<std::size_t>(per_payload);
   progress_line progress("dcr diff: scanned", progress_wanted(quiet));
-  if (progress.enabled())
-    options.progress = [&](std::uint64_t done, std::uint64_t total) { progress.update(done, total); };
+  options.progress = progress.callback();
 
   const bool old_dir = std::filesystem::is_directory(files[0]);
   if (old_dir != std::filesystem::is_directory(files[1]))
@@ -215,6 +198,7 @@ int apply_main(const std::vector<std::string>& argv) {
   const bool in_place = args.flag("--in-place");
   const bool no_wait = args.flag("--no-wait");
   const bool json = args.flag("--json");
+  const bool quiet = args.flag("--quiet") || args.flag("-q");
   const auto files = args.positionals();
   args.finish();
   expect_positionals(files, 2, "DELTA and BASE");
@@ -229,14 +213,18 @@ int apply_main(const std::vector<std::string>& argv) {
                       "directories)"
                 : "'" + files[0] + "' is a delta of sharded checkpoints (directories) but BASE '" +
                       files[1] + "' is not a directory");
-  const auto options = in_place ? in_place_options_for(no_wait) : dcr::io::in_place_options{};
+  progress_line progress("dcr apply: processed", progress_wanted(quiet));
+  const auto options =
+      in_place ? in_place_options_for(no_wait, progress) : dcr::io::in_place_options{};
+  const dcr::io::apply_options to_new{.progress = progress.callback()};
   apply_report r;
   if (sharded)
     r = in_place ? dcr::io::apply_sharded_delta_in_place(files[0], files[1], options)
-                 : dcr::io::apply_sharded_delta(files[0], files[1], out);
+                 : dcr::io::apply_sharded_delta(files[0], files[1], out, to_new);
   else
     r = in_place ? dcr::io::apply_delta_in_place(files[0], files[1], options)
-                 : dcr::io::apply_delta(files[0], files[1], out);
+                 : dcr::io::apply_delta(files[0], files[1], out, to_new);
+  progress.finish();
   const std::string result = in_place ? files[1] : out;
   if (json) {
     ojson j;
@@ -268,13 +256,16 @@ int recover_main(const std::vector<std::string>& argv) {
   }
   const bool no_wait = args.flag("--no-wait");
   const bool json = args.flag("--json");
+  const bool quiet = args.flag("--quiet") || args.flag("-q");
   const auto files = args.positionals();
   args.finish();
   expect_positionals(files, 1, "BASE");
-  const auto options = in_place_options_for(no_wait);
+  progress_line progress("dcr recover: processed", progress_wanted(quiet));
+  const auto options = in_place_options_for(no_wait, progress);
   const auto r = std::filesystem::is_directory(files[0])
                      ? dcr::io::recover_sharded_in_place(files[0], options)
                      : dcr::io::recover_in_place(files[0], options);
+  progress.finish();
   if (json) {
     ojson j;
     j["base"] = files[0];
@@ -300,105 +291,6 @@ int recover_main(const std::vector<std::string>& argv) {
 }
 
 namespace {
-
-// The inspect report of one delta file or journal (docs/tool.md, `dcr inspect`): tensors by name
-// and the result's metadata only when `d` is bound to its base (a journal always is).
-ojson inspect_json(const dcr::io::delta_file& d, const std::string& file,
-                   dcr::io::container_kind kind) {
-  ojson j;
-  j["file"] = file;
-  j["kind"] = kind == dcr::io::container_kind::delta ? "delta" : "journal";
-  j["format_version"] = dcr::io::delta_format::version;
-  j["bytes"] = d.bytes().size();
-  j["registry_fingerprint"] = fmt::format("{:016x}", d.registry_fingerprint());
-  j["tensor_count"] = d.tensor_count();
-  j["tensor_bytes"] = d.tensor_bytes();
-  j["target_file_bytes"] = d.target_file_size();
-  j["target_header_bytes"] = d.target_header_size();
-  j["target_header_code_bytes"] = d.target_header_code().size();
-  j["base_header_digest"] = d.base_header_digest().hex();
-  j["target_header_digest"] = d.target_header_digest().hex();
-  j["base_digest"] = d.base_digest().hex();
-  j["result_digest"] = d.result_digest().hex();
-  j["changed"] = d.base_digest() != d.result_digest() ||
-                 d.base_header_digest() != d.target_header_digest();
-  const auto name_of = [&](std::uint64_t id) -> ojson {
-    if (!d.bound()) return nullptr;
-    return id < d.registry().size() ? ojson(d.registry().tensors()[id].name) : ojson("?");
-  };
-  ojson payloads = ojson::array();
-  std::vector<dcr::item_entry> entries;
-  std::vector<bool> changed(d.tensor_count(), false);
-  std::uint64_t records = 0;
-  for (std::size_t i = 0; i < d.payload_count(); ++i) {
-    const auto h = dcr::io::blame(dcr::io::input_fault::delta, [&] {
-      return dcr::payload_decoder::read_table(d.payload(i), entries);
-    });
-    ojson p;
-    p["index"] = i;
-    p["offset"] = d.payload_offset(i);
-    p["bytes"] = d.payload(i).size();
-    p["direction"] = d.is_undo(i) ? "undo" : "forward";
-    p["base_version"] = h.id.base_version;
-    p["target_version"] = h.id.target_version;
-    p["attempt"] = h.id.attempt;
-    p["owner"] = h.id.owner;
-    p["sequence"] = h.id.sequence;
-    ojson items = ojson::array();
-    for (const auto& e : entries) {
-      ojson it;
-      it["tensor_id"] = e.tensor;
-      it["tensor"] = name_of(e.tensor);
-      const auto type = dcr::dtype_from_code(e.dtype_code);
-      it["dtype"] = type ? std::string(dcr::dtype_name(*type)) : "?";
-      it["count"] = e.count;
-      it["numel"] = e.numel;
-      it["encoding"] = encoding_name(e.encoding_code);
-      it["location_coding"] = location_coding_name(e.location_code);
-      it["value_coding"] = value_coding_name(e.value_code);
-      it["location_bytes"] = e.location_size;
-      it["location_raw_bytes"] = e.location_raw_size;
-      it["value_bytes"] = e.value_size;
-      it["value_raw_bytes"] = e.value_raw_size;
-      if (e.tensor < changed.size()) changed[e.tensor] = true;
-      records += e.count;
-      items.push_back(std::move(it));
-    }
-    p["items"] = std::move(items);
-    payloads.push_back(std::move(p));
-  }
-  std::uint64_t changed_tensors = 0;
-  for (bool c : changed) changed_tensors += c ? 1 : 0;
-  j["changed_tensors"] = changed_tensors;
-  j["payload_count"] = d.payload_count();
-  j["records"] = records;
-  // With a base: the result's metadata and the tensors by name (changed: has items).
-  ojson tensors = nullptr;
-  j["metadata"] = nullptr;
-  if (d.bound()) {
-    const auto& target = d.target_header();
-    if (target.metadata()) {
-      ojson m = ojson::object();
-      for (const auto& [k, v] : *target.metadata()) m[k] = v;
-      j["metadata"] = m;
-    }
-    tensors = ojson::array();
-    for (dcr::tensor_id id = 0; id < d.registry().size(); ++id) {
-      const auto& t = d.registry().tensors()[id];
-      ojson e;
-      e["id"] = id;
-      e["name"] = t.name;
-      e["dtype"] = std::string(dcr::dtype_name(t.type));
-      e["shape"] = t.shape;
-      e["bytes"] = t.bytes();
-      e["changed"] = static_cast<bool>(changed[id]);
-      tensors.push_back(std::move(e));
-    }
-  }
-  j["tensors"] = std::move(tensors);
-  j["payloads"] = std::move(payloads);
-  return j;
-}
 
 void print_inspect_text(const ojson& j, const std::string& indent) {
   fmt::print("{}{} {}: format {}, {} bytes, {} tensors ({} changed, {} bytes), {} payloads, {} "
@@ -490,7 +382,7 @@ int inspect_main(const std::vector<std::string>& argv) {
     std::uint64_t changed = 0;
     std::uint64_t records = 0;
     for (const auto& s : d.shards()) {
-      auto sj = inspect_json(s.delta, s.file, dcr::io::container_kind::delta);
+      auto sj = dcr::io::inspect_json(s.delta, s.file);
       tensors += sj["tensor_count"].get<std::uint64_t>();
       changed += sj["changed_tensors"].get<std::uint64_t>();
       records += sj["records"].get<std::uint64_t>();
@@ -516,24 +408,9 @@ int inspect_main(const std::vector<std::string>& argv) {
     return 0;
   }
 
-  // A journal is inspected as such; anything else must be a delta file.
-  auto kind = dcr::io::container_kind::delta;
-  {
-    std::ifstream in(files[0], std::ios::binary);
-    char magic[8] = {};
-    in.read(magic, 8);
-    if (in.gcount() == 8 &&
-        std::memcmp(magic, dcr::io::delta_format::journal_magic.data(), 8) == 0)
-      kind = dcr::io::container_kind::journal;
-  }
-  auto d = dcr::io::blame(dcr::io::input_fault::delta,
-                          [&] { return dcr::io::delta_file::open(files[0], kind); });
-  if (files.size() == 2 && kind == dcr::io::container_kind::delta) {
-    const auto base = dcr::io::blame(dcr::io::input_fault::checkpoint,
-                                     [&] { return dcr::io::safetensors_file::open(files[1]); });
-    dcr::io::detail::bind_delta_base(d, base, "BASE '" + files[1] + "'");
-  }
-  const auto j = inspect_json(d, files[0], kind);
+  const auto d = dcr::io::open_for_inspect(
+      files[0], files.size() == 2 ? std::optional<std::filesystem::path>(files[1]) : std::nullopt);
+  const auto j = dcr::io::inspect_json(d, files[0]);
   if (json) print_json(j);
   else print_inspect_text(j, "");
   return 0;

@@ -107,6 +107,44 @@ decltype(auto) blame(input_fault fault, F&& f) {
   }
 }
 
+/// Receives, for a progress display, the bytes an operation has processed so far and the bytes
+/// it processes in all. `total` is fixed when the operation starts (an in-place apply that first
+/// finishes an interrupted one reports the recovery, then the apply, each from 0); `done` grows
+/// to it. Called on the calling thread between steps; it changes nothing the operation does.
+using progress_callback = std::function<void(std::uint64_t done, std::uint64_t total)>;
+
+namespace detail {
+
+// Counts the bytes an apply or recovery processed against the total it planned at its start,
+// and reports them to its progress_callback (none: does nothing). What counts: each pass over a
+// file's tensors (digest, copy) the tensor bytes; each pass applying payloads (or building a
+// journal from them) the bytes of the elements they write, records times word size
+// (changed_bytes). Work found unnecessary on the way is counted as done when skipped, so that
+// `done` reaches `total`, and never passes it, on every successful path (tests/io check it).
+class progress_meter {
+ public:
+  progress_meter(const progress_callback& callback, std::uint64_t total)
+      : callback_(callback ? &callback : nullptr), total_(total) {}
+  progress_meter(const progress_meter&) = delete;
+  progress_meter& operator=(const progress_meter&) = delete;
+
+  /// Whether anyone listens (planning the total costs a look at the payloads' item tables).
+  [[nodiscard]] bool enabled() const noexcept { return callback_ != nullptr; }
+  /// `bytes` more are processed (or skipped).
+  void advance(std::uint64_t bytes) {
+    if (callback_ == nullptr) return;
+    done_ += bytes;
+    (*callback_)(done_, total_);
+  }
+
+ private:
+  const progress_callback* callback_ = nullptr;
+  std::uint64_t total_ = 0;
+  std::uint64_t done_ = 0;
+};
+
+}  // namespace detail
+
 /// Throws unless `actual` holds exactly the tensors `expected` lists, with the same dtypes and
 /// shapes. The message names both files and lists the first differences (at most five) with
 /// their total; the code is that of the first difference: unknown_tensor (a tensor in only one
@@ -181,7 +219,7 @@ struct diff_options {
   /// Called on the calling thread after each tensor is scanned with the tensor bytes scanned so
   /// far and in all (of this diff; for sharded checkpoints, of all shards): for progress
   /// displays. Does not change the delta.
-  std::function<void(std::uint64_t done, std::uint64_t total)> progress = {};
+  progress_callback progress = {};
 };
 
 /// What a diff did.
@@ -674,7 +712,32 @@ struct apply_report {
   double seconds = 0;
 };
 
+/// Settings of apply_delta and apply_sharded_delta.
+struct apply_options {
+  /// Progress: reports the bytes processed (progress_meter's count: BASE's tensors digested and
+  /// copied, the changed elements written, the result's tensors digested; of every shard for a
+  /// sharded delta) against their total.
+  progress_callback progress = {};
+};
+
 namespace detail {
+
+// Bytes of the elements the payloads of one direction of `d` write (records times word size),
+// from their item tables: the progress_meter's measure of a pass over them.
+inline std::uint64_t changed_bytes(const delta_file& d, bool undo) {
+  std::vector<item_entry> entries;
+  std::uint64_t bytes = 0;
+  for (std::size_t i = 0; i < d.payload_count(); ++i) {
+    if (d.is_undo(i) != undo) continue;
+    blame(input_fault::delta, [&] { payload_decoder::read_table(d.payload(i), entries); });
+    for (const auto& e : entries) {
+      const auto type = dtype_from_code(e.dtype_code);
+      // (a hostile count only distorts the display; decoding refuses it)
+      if (type) bytes += std::min(e.count, dcr::detail::max_entry_count) * dtype_size(*type);
+    }
+  }
+  return bytes;
+}
 
 // Applies one decoded item to the bytes of its tensor (little-endian words).
 inline void apply_item(std::span<std::byte> tensor, const item& it, std::string_view where) {
@@ -712,19 +775,24 @@ inline tensor_ranges ranges_in(const delta_file& d, const safetensors_header& h)
   return r;
 }
 
-// tensors_digest of the registry's tensors in `file` (laid out as `ranges` says).
-inline digest128 tensors_digest_in(std::span<const std::byte> file, const tensor_ranges& ranges) {
+// tensors_digest of the registry's tensors in `file` (laid out as `ranges` says), counting
+// each tensor's bytes on `meter`.
+inline digest128 tensors_digest_in(std::span<const std::byte> file, const tensor_ranges& ranges,
+                                   progress_meter* meter = nullptr) {
   std::vector<digest128> per_tensor;
   per_tensor.reserve(ranges.begin.size());
-  for (tensor_id id = 0; id < ranges.begin.size(); ++id)
+  for (tensor_id id = 0; id < ranges.begin.size(); ++id) {
     per_tensor.push_back(digest_of(ranges.of(file, id)));
+    if (meter != nullptr) meter->advance(ranges.size[id]);
+  }
   return tensors_digest(per_tensor);
 }
 
 // Whether the tensors in `file` are the delta's base (or result).
 inline bool tensors_are(const delta_file& d, std::span<const std::byte> file,
-                        const tensor_ranges& ranges, bool result) {
-  return tensors_digest_in(file, ranges) == (result ? d.result_digest() : d.base_digest());
+                        const tensor_ranges& ranges, bool result,
+                        progress_meter* meter = nullptr) {
+  return tensors_digest_in(file, ranges, meter) == (result ? d.result_digest() : d.base_digest());
 }
 
 inline std::string digest_mismatch_message(const delta_file& d, std::span<const std::byte> file,
@@ -765,20 +833,19 @@ inline void bind_delta_base(delta_file& d, const safetensors_file& base,
   return hidden_sibling(base, ".dcr-working");
 }
 
-/// Applies the delta at `delta_path` to the checkpoint at `base_path`, writing the result to
-/// `out_path` atomically: the result has the target's header verbatim and every tensor's bytes at
-/// the target's offsets, so it equals the NEW file diff read byte for byte. Refuses, before
-/// creating anything: a base with other tensors (registry_mismatch), another header content or
-/// other tensor bytes than the delta's base (verification_failed, "wrong base"), `out_path`
-/// naming the base itself (invalid_argument; use apply_delta_in_place), a base with an
-/// unfinished in-place apply (not_ready). The output appears only after the result's tensors
-/// digest matched (else verification_failed and nothing is created). Errors of the delta file and
-/// payload decoder (corrupt_payload and the rest) leave nothing behind either. Binds `d` to BASE
-/// (delta_file::bind_base).
-inline apply_report apply_delta(delta_file& d,
-                                const std::filesystem::path& base_path,
-                                const std::filesystem::path& out_path) {
-  const auto start = detail::clock::now();
+namespace detail {
+
+// The bytes apply_delta_metered counts: BASE's tensors digested and copied, the changed
+// elements written, the result's tensors digested.
+inline std::uint64_t apply_work(const delta_file& d) {
+  return 3 * d.tensor_bytes() + changed_bytes(d, false);
+}
+
+// apply_delta, counting its work (apply_work) on `meter`.
+inline apply_report apply_delta_metered(delta_file& d, const std::filesystem::path& base_path,
+                                        const std::filesystem::path& out_path,
+                                        progress_meter& meter) {
+  const auto start = clock::now();
   DCR_EXPECTS(!path_exists(journal_path(base_path)), errc::not_ready,
               "BASE '" + base_path.string() + "' has an unfinished in-place apply (journal '" +
                   journal_path(base_path).string() + "'); run `dcr recover " +
@@ -786,17 +853,17 @@ inline apply_report apply_delta(delta_file& d,
   const auto base =
       blame(input_fault::checkpoint, [&] { return safetensors_file::open(base_path, true); });
   const std::string base_what = "BASE '" + base_path.string() + "'";
-  detail::bind_delta_base(d, base, base_what);
-  const auto base_ranges = detail::ranges_in(d, base.header());
-  if (!detail::tensors_are(d, base.bytes(), base_ranges, false))
-    throw input_error(input_fault::wrong_base, errc::verification_failed,
-                "wrong base: " + detail::digest_mismatch_message(d, base.bytes(), base_ranges,
-                                                                 base_what, false));
+  bind_delta_base(d, base, base_what);
+  const auto base_ranges = ranges_in(d, base.header());
+  if (!tensors_are(d, base.bytes(), base_ranges, false, &meter))
+    throw input_error(
+        input_fault::wrong_base, errc::verification_failed,
+        "wrong base: " + digest_mismatch_message(d, base.bytes(), base_ranges, base_what, false));
   DCR_EXPECTS(!same_file(base_path, out_path), errc::invalid_argument,
               "OUT '" + out_path.string() + "' is BASE itself; use the in-place apply");
 
   const safetensors_header& target = d.target_header();
-  const auto out_ranges = detail::ranges_in(d, target);
+  const auto out_ranges = ranges_in(d, target);
   atomic_file out(out_path);
   out.set_permissions(permission_bits(base_path));
   out.resize(target.file_size());
@@ -804,8 +871,10 @@ inline apply_report apply_delta(delta_file& d,
   dcr::detail::store_le<std::uint64_t>(length, target.header_size());
   out.write_at(length, 0);
   out.write_at(std::as_bytes(std::span<const char>(d.target_header_json())), 8);
-  for (tensor_id id = 0; id < d.registry().size(); ++id)
+  for (tensor_id id = 0; id < d.registry().size(); ++id) {
     out.write_at(base_ranges.of(base.bytes(), id), out_ranges.begin[id]);
+    meter.advance(base_ranges.size[id]);
+  }
 
   apply_report report;
   report.tensors = d.registry().size();
@@ -817,32 +886,53 @@ inline apply_report apply_delta(delta_file& d,
     for (std::size_t i = 0; i < d.payload_count(); ++i) {
       blame(input_fault::delta, [&] { payloads.decode(i, items); });
       for (const auto& it : items) {
-        detail::apply_item(out_ranges.of(bytes, it.tensor), it, d.where());
+        apply_item(out_ranges.of(bytes, it.tensor), it, d.where());
         report.records += it.count();
+        meter.advance(it.values.size());
       }
       ++report.payloads;
     }
-    if (!detail::tensors_are(d, map.bytes(), out_ranges, true))
+    if (!tensors_are(d, map.bytes(), out_ranges, true, &meter))
       throw error(errc::verification_failed,
                   "the result does not verify: " +
-                      detail::digest_mismatch_message(d, map.bytes(), out_ranges,
-                                                      "OUT '" + out_path.string() + "'", true));
+                      digest_mismatch_message(d, map.bytes(), out_ranges,
+                                              "OUT '" + out_path.string() + "'", true));
     map.sync();
   }
   out.commit();
   report.output_bytes = target.file_size();
-  report.seconds = detail::seconds_since(start);
+  report.seconds = seconds_since(start);
   return report;
+}
+
+}  // namespace detail
+
+/// Applies the delta at `delta_path` to the checkpoint at `base_path`, writing the result to
+/// `out_path` atomically: the result has the target's header verbatim and every tensor's bytes at
+/// the target's offsets, so it equals the NEW file diff read byte for byte. Refuses, before
+/// creating anything: a base with other tensors (registry_mismatch), another header content or
+/// other tensor bytes than the delta's base (verification_failed, "wrong base"), `out_path`
+/// naming the base itself (invalid_argument; use apply_delta_in_place), a base with an
+/// unfinished in-place apply (not_ready). The output appears only after the result's tensors
+/// digest matched (else verification_failed and nothing is created). Errors of the delta file and
+/// payload decoder (corrupt_payload and the rest) leave nothing behind either. Binds `d` to BASE
+/// (delta_file::bind_base). Reports its progress to options.progress.
+inline apply_report apply_delta(delta_file& d, const std::filesystem::path& base_path,
+                                const std::filesystem::path& out_path,
+                                const apply_options& options = {}) {
+  detail::progress_meter meter(options.progress, options.progress ? detail::apply_work(d) : 0);
+  return detail::apply_delta_metered(d, base_path, out_path, meter);
 }
 
 /// apply_delta(d, ...) of the delta file at `delta_path`, which OUT may not name either.
 inline apply_report apply_delta(const std::filesystem::path& delta_path,
                                 const std::filesystem::path& base_path,
-                                const std::filesystem::path& out_path) {
+                                const std::filesystem::path& out_path,
+                                const apply_options& options = {}) {
   DCR_EXPECTS(!same_file(delta_path, out_path), errc::invalid_argument,
               "OUT '" + out_path.string() + "' is the delta file itself");
   auto d = blame(input_fault::delta, [&] { return delta_file::open(delta_path); });
-  return apply_delta(d, base_path, out_path);
+  return apply_delta(d, base_path, out_path, options);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -894,6 +984,11 @@ struct in_place_options {
   bool wait_for_lock = true;
   /// Called once, before waiting, when another process holds the lock (e.g. to say so).
   std::function<void(const std::filesystem::path& dir)> on_lock_wait;
+  /// Progress of the apply or recovery: reports the bytes processed (progress_meter's count:
+  /// BASE's tensors digested, the changed elements journaled and written, the result's tensors
+  /// digested; of every shard of a directory) against their total. An interrupted apply that
+  /// an in-place apply finishes first is reported as its own operation before it.
+  progress_callback progress = {};
 };
 
 /// in_place_options whose crash_at comes from the environment variable DCR_CRASH_AT (a step
@@ -963,9 +1058,10 @@ inline std::size_t remove_journal_temporaries(const std::filesystem::path& base)
 }
 
 // Writes the journal's header bytes and every word of its payloads of one direction into the
-// mapped working file.
+// mapped working file, counting the words' bytes on `meter`.
 inline std::uint64_t write_journal_words(const delta_file& j, std::span<std::byte> file,
-                                         bool undo, const in_place_options& options) {
+                                         bool undo, const in_place_options& options,
+                                         progress_meter* meter = nullptr) {
   const auto ranges = ranges_in(j, j.target_header());
   const std::string_view header = undo ? j.base_header_json() : j.target_header_json();
   std::memcpy(file.data() + 8, header.data(), header.size());
@@ -996,6 +1092,7 @@ inline std::uint64_t write_journal_words(const delta_file& j, std::span<std::byt
       }
       apply_item(ranges.of(file, it.tensor), it, j.where());
       written += it.count();
+      if (meter != nullptr) meter->advance(it.values.size());
     }
   }
   if (!undo) crash_point(options, in_place_step::half_written);
@@ -1008,13 +1105,20 @@ inline bool header_is(std::span<const std::byte> file, std::string_view json) {
          std::memcmp(file.data() + 8, json.data(), json.size()) == 0;
 }
 
+// The bytes finish_from_journal counts: BASE's tensors digested if BASE exists, the journal's
+// new words written, the result's tensors digested.
+inline std::uint64_t finish_work(const delta_file& j, const std::filesystem::path& base) {
+  return (path_exists(base) ? j.tensor_bytes() : 0) + changed_bytes(j, false) + j.tensor_bytes();
+}
+
 // Finishes the in-place apply that the journal `j` at `journal` describes (the journal is
 // published; BASE or its working file exists): roll forward, verify, publish BASE, and with
 // `remove_journal` remove the journal (a directory apply keeps it until every shard is done).
+// Counts finish_work(j, base) on `meter`.
 inline void finish_from_journal(const delta_file& j, const std::filesystem::path& journal,
                                 const std::filesystem::path& base,
                                 const in_place_options& options, recover_report& report,
-                                bool remove_journal) {
+                                bool remove_journal, progress_meter& meter) {
   const auto working = working_path(base);
   const std::string base_what = "BASE '" + base.string() + "'";
   const bool base_exists = path_exists(base);
@@ -1032,13 +1136,15 @@ inline void finish_from_journal(const delta_file& j, const std::filesystem::path
     // The journal is published but BASE was not renamed yet, or was already renamed back.
     auto f = mapped_file::open_read(base, true);
     const bool sized = f.size() == target.file_size();
-    if (sized && header_is(f.bytes(), j.target_header_json()) &&
-        tensors_are(j, f.bytes(), ranges, true)) {
+    std::optional<digest128> tensors;  // digested once, compared with the result and the base
+    if (sized) tensors = tensors_digest_in(f.bytes(), ranges, &meter);
+    if (sized && header_is(f.bytes(), j.target_header_json()) && *tensors == j.result_digest()) {
       if (remove_journal) remove_durably(journal);
+      if (meter.enabled()) meter.advance(changed_bytes(j, false) + j.tensor_bytes());
       return;
     }
     DCR_EXPECTS(sized && header_is(f.bytes(), j.base_header_json()) &&
-                    tensors_are(j, f.bytes(), ranges, false),
+                    *tensors == j.base_digest(),
                 errc::verification_failed,
                 base_what + " matches neither the base nor the result of the journal '" +
                     journal.string() + "'; left as it is");
@@ -1050,11 +1156,11 @@ inline void finish_from_journal(const delta_file& j, const std::filesystem::path
   DCR_EXPECTS(map.size() == target.file_size(), errc::verification_failed,
               "the working file '" + working.string() + "' has " + std::to_string(map.size()) +
                   " bytes, the journal's result " + std::to_string(target.file_size()));
-  report.records = write_journal_words(j, map.writable_bytes(), false, options);
+  report.records = write_journal_words(j, map.writable_bytes(), false, options, &meter);
   report.rolled_forward = true;
   map.sync();
   crash_point(options, in_place_step::written);
-  if (!tensors_are(j, map.bytes(), ranges, true) ||
+  if (!tensors_are(j, map.bytes(), ranges, true, &meter) ||
       !header_is(map.bytes(), j.target_header_json())) {
     const std::string why =
         tensors_are(j, map.bytes(), ranges, true)
@@ -1134,9 +1240,15 @@ inline recover_report recover_in_place_locked(const std::filesystem::path& base,
   }
   report.journal_found = true;
   const auto j = delta_file::open(journal, container_kind::journal);
-  finish_from_journal(j, journal, base, options, report, true);
+  progress_meter meter(options.progress, options.progress ? finish_work(j, base) : 0);
+  finish_from_journal(j, journal, base, options, report, true, meter);
   report.seconds = seconds_since(start);
   return report;
+}
+
+// The bytes prepare_in_place counts: BASE's tensors digested, the changed elements journaled.
+inline std::uint64_t prepare_work(const delta_file& d) {
+  return d.tensor_bytes() + changed_bytes(d, false);
 }
 
 // Steps 0 (the checks) to 2 of an in-place apply of `d` to BASE: checks BASE like apply_delta
@@ -1144,11 +1256,12 @@ inline recover_report recover_in_place_locked(const std::filesystem::path& base,
 // returns false (report.already_applied, tensors and output_bytes set; `d` is then left
 // unbound); otherwise writes the journal and publishes it at `journal_file` (crash points
 // journal_written and journal_committed when `crash_points`), adds its tensors, payloads,
-// records and output_bytes to `report`, and returns true. BASE is not changed.
+// records and output_bytes to `report`, and returns true. BASE is not changed. Counts
+// prepare_work(d) on `meter`.
 inline bool prepare_in_place(delta_file& d, const std::filesystem::path& base_path,
                              const std::filesystem::path& journal_file,
                              const in_place_options& options, bool crash_points,
-                             apply_report& report) {
+                             apply_report& report, progress_meter& meter) {
   auto base =
       blame(input_fault::checkpoint, [&] { return safetensors_file::open(base_path, true); });
   const std::string base_what = "BASE '" + base_path.string() + "'";
@@ -1165,12 +1278,13 @@ inline bool prepare_in_place(delta_file& d, const std::filesystem::path& base_pa
         r.begin.push_back(base.header().data_offset() + e->begin);
         r.size.push_back(e->size());
       }
-      base_tensors = tensors_digest_in(base.bytes(), r);
+      base_tensors = tensors_digest_in(base.bytes(), r, &meter);
       if (*base_tensors == d.result_digest() &&
           header_content_digest(base.header_json()) == d.target_header_digest()) {
         report.already_applied = true;
         report.tensors += registry.size();
         report.output_bytes += base.bytes().size();
+        if (meter.enabled()) meter.advance(changed_bytes(d, false));
         return false;
       }
     }
@@ -1245,6 +1359,7 @@ inline bool prepare_in_place(delta_file& d, const std::filesystem::path& base_pa
         });
         it.enc = encoding::overwrite;
         report.records += it.count();
+        meter.advance(it.values.size());
       }
       payload_header h;
       h.registry_fingerprint = d.registry().fingerprint();
@@ -1302,7 +1417,15 @@ inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path
   report.recovered = detail::recover_in_place_locked(base_path, options).journal_found;
   require_single_regular_file(base_path, "in-place apply: BASE");
   auto d = blame(input_fault::delta, [&] { return delta_file::open(delta_path); });
-  if (!detail::prepare_in_place(d, base_path, journal_path(base_path), options, true, report)) {
+  // The work: prepare_work, then finish_work with BASE hidden (its journal writes one word per
+  // changed element of the delta).
+  detail::progress_meter meter(
+      options.progress,
+      options.progress ? detail::prepare_work(d) + detail::changed_bytes(d, false) + d.tensor_bytes()
+                       : 0);
+  if (!detail::prepare_in_place(d, base_path, journal_path(base_path), options, true, report,
+                                meter)) {
+    if (meter.enabled()) meter.advance(detail::changed_bytes(d, false) + d.tensor_bytes());
     report.seconds = detail::seconds_since(start);
     return report;
   }
@@ -1311,7 +1434,7 @@ inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path
   const auto journal = journal_path(base_path);
   const auto j = delta_file::open(journal, container_kind::journal);
   recover_report r;
-  detail::finish_from_journal(j, journal, base_path, options, r, true);
+  detail::finish_from_journal(j, journal, base_path, options, r, true, meter);
   report.seconds = detail::seconds_since(start);
   return report;
 }

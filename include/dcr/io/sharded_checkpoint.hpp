@@ -548,9 +548,11 @@ struct directory_remover {
 /// must not exist or be an empty directory (invalid_argument). The result is built in a hidden
 /// sibling directory of `out_dir` and renamed to it once every shard verified; on any error it is
 /// removed and `out_dir` is not created. Shards and index keep the base files' permission bits.
+/// Reports the progress of all shards together to options.progress.
 inline apply_report apply_sharded_delta(const std::filesystem::path& delta_path,
                                         const std::filesystem::path& base_dir,
-                                        const std::filesystem::path& out_dir_arg) {
+                                        const std::filesystem::path& out_dir_arg,
+                                        const apply_options& options = {}) {
   const auto start = detail::clock::now();
   const auto out_dir = detail::without_trailing_separator(out_dir_arg);
   auto d = blame(input_fault::delta, [&] { return sharded_delta_file::open(delta_path); });
@@ -577,9 +579,14 @@ inline apply_report apply_sharded_delta(const std::filesystem::path& delta_path,
       else if (errno != EEXIST || attempt > 16) throw_io_error("cannot create", p, errno);
     }
   }
+  std::uint64_t work = 0;
+  if (options.progress)
+    for (const auto& s : d.shards()) work += detail::apply_work(s.delta);
+  detail::progress_meter meter(options.progress, work);
   apply_report report;
   for (auto& s : d.shards()) {
-    const auto r = apply_delta(s.delta, base.shard_path(s.file), temp.dir / s.file);
+    const auto r =
+        detail::apply_delta_metered(s.delta, base.shard_path(s.file), temp.dir / s.file, meter);
     report.tensors += r.tensors;
     report.payloads += r.payloads;
     report.records += r.records;
@@ -651,9 +658,11 @@ inline std::size_t remove_sharded_journal_temporaries(const std::filesystem::pat
 // Rolls the committed directory journal of `dir` forward: every shard (finish_from_journal,
 // keeping its journal), then the index, then retires the journal. If a shard does not verify
 // (it was restored by finish_from_journal), undoes the shards before it and retires the journal,
-// then rethrows: every shard and the index are old again.
+// then rethrows: every shard and the index are old again. Counts every shard's finish_work on
+// `meter`, or without one on a meter of options.progress of its own.
 inline void finish_sharded_journal(const std::filesystem::path& dir,
-                                   const in_place_options& options, recover_report& report) {
+                                   const in_place_options& options, recover_report& report,
+                                   progress_meter* meter) {
   const auto journal = sharded_journal_path(dir);
   const auto listing_path = journal / sharded_journal_manifest;
   nlohmann::json listing;
@@ -681,11 +690,17 @@ inline void finish_sharded_journal(const std::filesystem::path& dir,
     journals.push_back(delta_file::open(shard_journal_in(journal, s), container_kind::journal));
   }
   const std::string new_index = read_whole_file(journal / sharded_journal_index);
+  std::uint64_t work = 0;
+  if (meter == nullptr && options.progress)
+    for (std::size_t i = 0; i < shards.size(); ++i)
+      work += finish_work(journals[i], dir / shards[i]);
+  progress_meter own(options.progress, work);
+  if (meter == nullptr) meter = &own;
   for (std::size_t i = 0; i < shards.size(); ++i) {
     recover_report r;
     try {
       finish_from_journal(journals[i], shard_journal_in(journal, shards[i]), dir / shards[i],
-                          shard_options(options, i), r, false);
+                          shard_options(options, i), r, false, *meter);
     } catch (const error& e) {
       if (!r.rolled_back) throw;
       for (std::size_t k = 0; k < i; ++k)
@@ -716,7 +731,7 @@ inline recover_report recover_sharded_locked(const std::filesystem::path& dir,
   report.temporaries_removed = remove_sharded_journal_temporaries(dir);
   if (path_exists(sharded_journal_path(dir))) {
     report.journal_found = true;
-    finish_sharded_journal(dir, options, report);
+    finish_sharded_journal(dir, options, report, nullptr);
   }
   report.seconds = seconds_since(start);
   return report;
@@ -771,6 +786,15 @@ inline apply_report apply_sharded_delta_in_place(const std::filesystem::path& de
       else if (errno != EEXIST || attempt > 16) throw_io_error("cannot create", p, errno);
     }
   }
+  // The work of each shard: prepare_work, then finish_work with the shard in place (its journal
+  // writes one word per changed element of its delta).
+  const auto finish_work = [](const delta_file& shard) {
+    return 2 * shard.tensor_bytes() + detail::changed_bytes(shard, false);
+  };
+  std::uint64_t work = 0;
+  if (options.progress)
+    for (const auto& s : d.shards()) work += detail::prepare_work(s.delta) + finish_work(s.delta);
+  detail::progress_meter meter(options.progress, work);
   std::vector<std::string> applied_already;  // shards holding their result (not their base)
   std::vector<std::string> to_apply;         // shards holding their base (and not their result)
   nlohmann::ordered_json listing;
@@ -778,14 +802,15 @@ inline apply_report apply_sharded_delta_in_place(const std::filesystem::path& de
   listing["shards"] = nlohmann::ordered_json::array();
   for (auto& s : d.shards()) {
     apply_report r;
-    const bool journaled =
-        detail::prepare_in_place(s.delta, base.shard_path(s.file),
-                                 detail::shard_journal_in(temp.dir, s.file), options, false, r);
+    const bool journaled = detail::prepare_in_place(s.delta, base.shard_path(s.file),
+                                                    detail::shard_journal_in(temp.dir, s.file),
+                                                    options, false, r, meter);
     // A shard whose delta changes neither its tensors nor its header holds its base and its
     // result at once: prepare_in_place finds it "applied already"; it needs no journal.
     const bool unchanged = s.delta.base_digest() == s.delta.result_digest() &&
                            s.delta.base_header_digest() == s.delta.target_header_digest();
     if (!journaled) {
+      if (meter.enabled()) meter.advance(finish_work(s.delta));  // nothing to finish
       if (!unchanged) applied_already.push_back(s.file);
       report.tensors += r.tensors;
       report.output_bytes += r.output_bytes;
@@ -822,7 +847,7 @@ inline apply_report apply_sharded_delta_in_place(const std::filesystem::path& de
   sync_directory(dir);
   detail::crash_point(options, in_place_step::journal_committed);
   recover_report r;
-  detail::finish_sharded_journal(dir, options, r);
+  detail::finish_sharded_journal(dir, options, r, &meter);
   report.seconds = detail::seconds_since(start);
   return report;
 }
