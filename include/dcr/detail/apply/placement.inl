@@ -362,8 +362,9 @@ DCR_INLINE void refuse_conflict(const tensor_registry& reg, const overlap_marks&
                     "' are written into the same storage, element for element, at " + range +
                     ", and the loader does not declare them tied. If the model ties them, "
                     "declare the pair in the loader: std::vector<dcr::tensor_tie> tied_tensors() "
-                    "const { return {{\"" + na + "\", \"" + nb + "\"}}; } (both become "
-                    "overwrite-only); otherwise the loader writes one tensor into the other's "
+                    "const { return {{\"" + na + "\", \"" + nb + "\"}}; } (Python: "
+                    "dcr.Receiver(..., tied=[(\"" + na + "\", \"" + nb + "\")])); both then become "
+                    "overwrite-only. Otherwise the loader writes one tensor into the other's "
                     "storage, which no delta can reproduce");
   const std::string what = c.a == c.b
                                ? "tensor '" + na + "' writes elements " + std::to_string(c.ia) +
