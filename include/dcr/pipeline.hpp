@@ -38,138 +38,43 @@
 
 namespace dcr {
 
+/// One bounded stage running work(T&) on its own thread, as described at the top of this header.
 template <class T>
 class pipeline_stage {
  public:
+  /// A stage with at most `depth` items in flight that runs `work` on each and, between items,
+  /// `idle` (optional) while it returns true. Starts no thread. invalid_argument for depth 0.
   pipeline_stage(std::size_t depth, std::function<void(T&)> work,
-                 std::function<bool()> idle = {})
-      : depth_(depth), work_(std::move(work)), idle_(std::move(idle)) {
-    DCR_EXPECTS(depth_ >= 1, errc::invalid_argument, "pipeline_stage: depth must be >= 1");
-  }
+                 std::function<bool()> idle = {});
   pipeline_stage(const pipeline_stage&) = delete;
   pipeline_stage& operator=(const pipeline_stage&) = delete;
   /// Drops what is queued, lets the current item finish, joins the thread.
-  ~pipeline_stage() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-      queue_.clear();
-    }
-    wake_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
+  ~pipeline_stage();
 
   /// Queues `item` once fewer than depth items are in flight (starting the thread on first
   /// use). Rethrows the stage's pending error instead of queuing.
-  void submit(T item) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::unique_lock lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-    ++submitting_;  // the item comes next: no idle step starts meanwhile
-    room_.wait(lock, [&] { return in_flight_ < depth_ || error_; });
-    --submitting_;
-    if (error_) wake_.notify_all();  // idle work may go on once this producer has left
-    rethrow(lock);
-    queue_.push_back(std::move(item));
-    ++in_flight_;
-    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    wake_.notify_all();
-  }
+  void submit(T item);
 
   /// Waits until every submitted item was worked on; rethrows the stage's pending error.
-  void drain() {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::unique_lock lock(mutex_);
-    room_.wait(lock, [&] { return in_flight_ == 0; });
-    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rethrow(lock);
-  }
+  void drain();
 
   /// Drops queued items and pending idle work, waits for the current item and for an idle()
   /// call in progress, and forgets any error (the stage can be used again). Never throws.
-  void discard() noexcept {
-    std::unique_lock lock(mutex_);
-    in_flight_ -= queue_.size();
-    queue_.clear();
-    idle_pending_ = false;
-    room_.wait(lock, [&] { return in_flight_ == 0 && !idle_running_; });
-    error_ = nullptr;
-    room_.notify_all();
-  }
+  void discard() noexcept;
 
   /// There is idle work again (idle() will be called when the queue is empty).
-  void wake_idle() {
-    std::lock_guard lock(mutex_);
-    idle_pending_ = static_cast<bool>(idle_);
-    if (!thread_.joinable() && idle_pending_) thread_ = std::thread([this] { loop(); });
-    wake_.notify_all();
-  }
+  void wake_idle();
 
   /// Seconds callers of submit() and drain() spent waiting (the producer throttled).
-  [[nodiscard]] double wait_seconds() const {
-    std::lock_guard lock(mutex_);
-    return wait_seconds_;
-  }
+  [[nodiscard]] double wait_seconds() const;
   /// Seconds the stage's thread spent in work().
-  [[nodiscard]] double busy_seconds() const {
-    std::lock_guard lock(mutex_);
-    return busy_seconds_;
-  }
+  [[nodiscard]] double busy_seconds() const;
   [[nodiscard]] std::size_t depth() const noexcept { return depth_; }
 
  private:
-  void rethrow(std::unique_lock<std::mutex>&) {
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
+  void rethrow(std::unique_lock<std::mutex>&);
 
-  void loop() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] {
-        return stop_ || !queue_.empty() || (idle_pending_ && submitting_ == 0);
-      });
-      if (stop_) return;
-      if (queue_.empty()) {  // idle work fills the time between items
-        idle_running_ = true;
-        lock.unlock();
-        bool more = false;
-        try {
-          more = idle_();
-        } catch (...) {
-          more = false;  // idle work is a hint; its failures are the producer's to meet
-        }
-        lock.lock();
-        idle_running_ = false;
-        if (!more) idle_pending_ = false;
-        room_.notify_all();  // discard() waits for the idle step to end
-        continue;
-      }
-      T item = std::move(queue_.front());
-      queue_.pop_front();
-      std::exception_ptr failure;
-      if (!error_) {
-        lock.unlock();
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-          work_(item);
-        } catch (...) {
-          failure = std::current_exception();
-        }
-        const double busy =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        lock.lock();
-        busy_seconds_ += busy;
-        if (failure) {
-          error_ = failure;
-          in_flight_ -= queue_.size();  // what was queued after the failure is dropped
-          queue_.clear();
-          idle_pending_ = false;  // and the idle work, which only served the items to come
-        }
-      }
-      --in_flight_;
-      room_.notify_all();
-    }
-  }
+  void loop();
 
   const std::size_t depth_;
   std::function<void(T&)> work_;
@@ -188,3 +93,5 @@ class pipeline_stage {
 };
 
 }  // namespace dcr
+
+#include "dcr/detail/pipeline.inl"

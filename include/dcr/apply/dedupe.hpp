@@ -25,24 +25,14 @@ namespace dcr {
 class payload_ledger {
  public:
   /// Starts a new transition: forgets every id.
-  void reset_for(std::uint64_t base_version, std::uint64_t target_version) {
-    applied_.clear();
-    base_ = base_version;
-    target_ = target_version;
-  }
+  void reset_for(std::uint64_t base_version, std::uint64_t target_version);
 
   /// Whether `id` was marked since the last reset_for().
   [[nodiscard]] bool seen(const payload_id& id) const { return applied_.count(id) != 0; }
 
   /// Remembers `id` as applied. Throws errc::duplicate_payload if it already was: marking twice
   /// means the caller applied the payload twice, which corrupts xor records.
-  void mark(const payload_id& id) {
-    DCR_EXPECTS(applied_.insert(id).second, errc::duplicate_payload,
-                "payload_ledger: payload (owner " + std::to_string(id.owner) + ", attempt " +
-                    std::to_string(id.attempt) + ", sequence " + std::to_string(id.sequence) +
-                    ") was already applied in transition " + std::to_string(id.base_version) +
-                    " -> " + std::to_string(id.target_version));
-  }
+  void mark(const payload_id& id);
 
   /// Number of ids marked in the current transition.
   [[nodiscard]] std::size_t size() const noexcept { return applied_.size(); }
@@ -57,3 +47,5 @@ class payload_ledger {
 };
 
 }  // namespace dcr
+
+#include "dcr/detail/apply/dedupe.inl"

@@ -116,74 +116,16 @@ template <storage_word W>
 /// Checks one residual task against the registry: a name, a conversion, at least one input
 /// (uniquely named, non-empty) and one output, every output a known tensor named once, every
 /// dependency a valid input index. Throws dcr::error naming the task.
-inline void validate_residual_task(const residual_task& task, const tensor_registry& registry) {
-  const std::string where = "residual task '" + task.name + "'";
-  DCR_EXPECTS(!task.name.empty(), errc::invalid_argument, "residual task with an empty name");
-  DCR_EXPECTS(static_cast<bool>(task.convert), errc::invalid_argument,
-              where + ": no conversion callable");
-  DCR_EXPECTS(!task.inputs.empty(), errc::invalid_argument, where + ": no inputs");
-  DCR_EXPECTS(!task.outputs.empty(), errc::invalid_argument, where + ": no outputs");
-  for (std::size_t k = 0; k < task.inputs.size(); ++k) {
-    const auto& in = task.inputs[k];
-    DCR_EXPECTS(in.elements > 0, errc::invalid_argument,
-                where + ": input '" + in.name + "' has no elements");
-    DCR_EXPECTS(dtype_size(in.type) != 0, errc::invalid_argument,
-                where + ": input '" + in.name + "' has an unknown dtype");
-    for (std::size_t j = 0; j < k; ++j)
-      DCR_EXPECTS(task.inputs[j].name != in.name, errc::invalid_argument,
-                  where + ": input name '" + in.name + "' used twice");
-  }
-  for (std::size_t o = 0; o < task.outputs.size(); ++o) {
-    const auto& out = task.outputs[o];
-    DCR_EXPECTS(out.tensor < registry.size(), errc::unknown_tensor,
-                where + ": output " + std::to_string(o) + " names tensor id " +
-                    std::to_string(out.tensor) + ", the registry has " +
-                    std::to_string(registry.size()) + " tensors");
-    for (std::size_t j = 0; j < o; ++j)
-      DCR_EXPECTS(task.outputs[j].tensor != out.tensor, errc::invalid_argument,
-                  where + ": output '" + registry.at(out.tensor).name + "' listed twice");
-    for (auto k : out.depends_on)
-      DCR_EXPECTS(k < task.inputs.size(), errc::invalid_argument,
-                  where + ": output '" + registry.at(out.tensor).name + "' depends on input " +
-                      std::to_string(k) + ", the task has " + std::to_string(task.inputs.size()) +
-                      " inputs");
-  }
-}
+void validate_residual_task(const residual_task& task, const tensor_registry& registry);
 
 /// Checks a set of tasks (one owner's, or a whole model's): each task on its own (validate_task,
 /// validate_residual_task), residual task names unique, and every residual output produced by
 /// exactly one task: no other residual task and no affine task may target it (several affine
 /// tasks may share a tensor, e.g. the row blocks of a split). Throws dcr::error naming both
 /// producers of a contested tensor.
-inline void validate_task_set(const tensor_registry& registry,
-                              std::span<const affine_task> affine,
-                              std::span<const residual_task> residual) {
-  for (const auto& t : affine) validate_task(t, registry);
-  std::unordered_map<tensor_id, std::size_t> residual_producer;
-  std::unordered_map<std::string, std::size_t> names;
-  for (std::size_t r = 0; r < residual.size(); ++r) {
-    const auto& task = residual[r];
-    validate_residual_task(task, registry);
-    auto [n, fresh] = names.emplace(task.name, r);
-    DCR_EXPECTS(fresh, errc::invalid_argument,
-                "residual task name '" + task.name + "' used by two tasks");
-    for (const auto& out : task.outputs) {
-      auto [it, inserted] = residual_producer.emplace(out.tensor, r);
-      DCR_EXPECTS(inserted, errc::invalid_argument,
-                  "canonical tensor '" + registry.at(out.tensor).name +
-                      "' is produced by two residual tasks, '" + residual[it->second].name +
-                      "' and '" + task.name + "'");
-    }
-  }
-  for (const auto& t : affine)
-    for (auto target : t.targets) {
-      auto it = residual_producer.find(target);
-      DCR_EXPECTS(it == residual_producer.end(), errc::invalid_argument,
-                  "canonical tensor '" + registry.at(target).name +
-                      "' is produced by residual task '" + residual[it->second].name +
-                      "' and by affine task '" + t.shard_name + "'");
-    }
-}
+void validate_task_set(const tensor_registry& registry,
+                       std::span<const affine_task> affine,
+                       std::span<const residual_task> residual);
 
 /// Canonical checkpoint bytes by the kind of task that produces them.
 struct task_coverage {
@@ -203,24 +145,10 @@ struct task_coverage {
 /// Bytes of the canonical checkpoint covered by affine vs residual tasks. Counts each tensor
 /// once, whatever number of tasks (splits, replicas) targets it. Validates the set first
 /// (validate_task_set), so a tensor is never counted on both sides.
-inline task_coverage measure_coverage(const tensor_registry& registry,
-                                      std::span<const affine_task> affine,
-                                      std::span<const residual_task> residual) {
-  validate_task_set(registry, affine, residual);
-  enum : std::uint8_t { none, by_affine, by_residual };
-  std::vector<std::uint8_t> kind(registry.size(), none);
-  for (const auto& t : affine)
-    for (auto target : t.targets) kind[target] = by_affine;
-  for (const auto& t : residual)
-    for (const auto& out : t.outputs) kind[out.tensor] = by_residual;
-  task_coverage c;
-  for (std::size_t id = 0; id < registry.size(); ++id) {
-    const auto b = static_cast<std::uint64_t>(registry.at(static_cast<tensor_id>(id)).bytes());
-    c.checkpoint_bytes += b;
-    (kind[id] == by_affine ? c.affine_bytes
-                           : kind[id] == by_residual ? c.residual_bytes : c.uncovered_bytes) += b;
-  }
-  return c;
-}
+task_coverage measure_coverage(const tensor_registry& registry,
+                               std::span<const affine_task> affine,
+                               std::span<const residual_task> residual);
 
 }  // namespace dcr
+
+#include "dcr/detail/refit/residual.inl"

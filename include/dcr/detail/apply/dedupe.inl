@@ -1,0 +1,25 @@
+// dcr/detail/apply/dedupe.inl: the bodies of dcr/apply/dedupe.hpp (included at its end).
+#pragma once
+
+namespace dcr {
+
+#if DCR_HEADER_BODIES
+
+DCR_INLINE void payload_ledger::reset_for(std::uint64_t base_version,
+                                          std::uint64_t target_version) {
+  applied_.clear();
+  base_ = base_version;
+  target_ = target_version;
+}
+
+DCR_INLINE void payload_ledger::mark(const payload_id& id) {
+  DCR_EXPECTS(applied_.insert(id).second, errc::duplicate_payload,
+              "payload_ledger: payload (owner " + std::to_string(id.owner) + ", attempt " +
+                  std::to_string(id.attempt) + ", sequence " + std::to_string(id.sequence) +
+                  ") was already applied in transition " + std::to_string(id.base_version) +
+                  " -> " + std::to_string(id.target_version));
+}
+
+#endif  // DCR_HEADER_BODIES
+
+}  // namespace dcr
