@@ -62,7 +62,7 @@ void BM_s3_put(benchmark::State& state) {
                                                           : dcr::s3_payload_hash::unsigned_payload));
   const std::uint32_t owner = next_owner++;
   std::uint32_t seq = 0;
-  for (auto _ : state) store.put(dcr::payload_id{1, 2, 0, owner, seq++}, bytes);
+  for (auto _ : state) store.put(dcr::payload_id{{1, 2, 0}, owner, seq++}, bytes);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
 }
 BENCHMARK(BM_s3_put)
@@ -77,7 +77,7 @@ void BM_s3_put_multipart(benchmark::State& state) {
   dcr::s3_payload_store store(options(dcr::s3_payload_hash::sha256, std::size_t{16} << 20));
   const std::uint32_t owner = next_owner++;
   std::uint32_t seq = 0;
-  for (auto _ : state) store.put(dcr::payload_id{1, 2, 0, owner, seq++}, bytes);
+  for (auto _ : state) store.put(dcr::payload_id{{1, 2, 0}, owner, seq++}, bytes);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
   state.counters["multipart"] = static_cast<double>(store.stats().multipart_uploads);
 }
@@ -87,7 +87,7 @@ BENCHMARK(BM_s3_put_multipart)->Arg(64 << 20)->ArgName("bytes")->Unit(benchmark:
 void BM_s3_get(benchmark::State& state) {
   const auto bytes = filled(static_cast<std::size_t>(state.range(0)));
   dcr::s3_payload_store store(options(dcr::s3_payload_hash::sha256));
-  const dcr::payload_id id{1, 2, 0, next_owner++, 0};
+  const dcr::payload_id id{{1, 2, 0}, next_owner++, 0};
   store.put(id, bytes);
   std::vector<std::byte> out(bytes.size());
   for (auto _ : state) {
@@ -109,7 +109,7 @@ void BM_s3_prefetch(benchmark::State& state) {
   std::vector<dcr::payload_id> ids;
   const auto bytes = filled(size);
   for (std::uint32_t q = 0; q < payloads; ++q) {
-    ids.push_back(dcr::payload_id{key.base_version, key.target_version, key.attempt, owner, q});
+    ids.push_back(dcr::payload_id{key, owner, q});
     store.put(ids.back(), bytes);
   }
   store.put_manifest(key, owner, ids);
@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   {  // A fresh server allocates its first volume on the first write (seconds): not a put's cost.
     dcr::s3_payload_store warm(options(dcr::s3_payload_hash::sha256));
-    warm.put(dcr::payload_id{0, 1, 0, 0, 0}, filled(1 << 20));
+    warm.put(dcr::payload_id{{0, 1, 0}, 0, 0}, filled(1 << 20));
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

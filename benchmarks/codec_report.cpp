@@ -224,7 +224,7 @@ class dcr_codec {
       const auto id = registry_.id(format("layers.%04zu.weight", k));
       spans_[id] = {off, std::min(tensor_elements, n - off)};
     }
-    header_.id = {.base_version = 1, .target_version = 2, .attempt = 0, .owner = 0, .sequence = 0};
+    header_.id = {.attempt = {.base_version = 1, .target_version = 2, .number = 0}, .owner = 0, .sequence = 0};
     header_.registry_fingerprint = registry_.fingerprint();
     items_.resize(registry_.size());
   }

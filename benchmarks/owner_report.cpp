@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
         double pack = 0;
         std::uint64_t bytes = 0, count = 0;
         dcr::payload_header header;
-        header.id = dcr::payload_id{0, 1, static_cast<std::uint32_t>(rep), rank, 0};
+        header.id = dcr::payload_id{{0, 1, static_cast<std::uint32_t>(rep)}, rank, 0};
         header.registry_fingerprint = registry.fingerprint();
         for (std::size_t k = 0; k < owner.chunk_count(); ++k) {
           const auto& items = owner.build_chunk(k, cand, dcr::encoding_policy::mixed, inputs);

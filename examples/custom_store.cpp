@@ -61,8 +61,9 @@ class blob_service {
 
 // ---- the adapter: dcr's payload store contract over the service
 //
-// Keys: dcr/t<base>-<target>/a<attempt>/o<owner>/p<sequence> for payloads and .../manifest for
-// an owner's manifest (its sequence numbers, one per line, after a count).
+// Keys: dcr/<attempt>/o<owner>/p<sequence> for payloads and .../manifest for an owner's manifest
+// (its sequence numbers, one per line, after a count), where <attempt> is dcr::to_string(key),
+// "t<base>-<target>-a<number>", which dcr::parse_attempt_key reads back.
 
 class blob_payload_store {
  public:
@@ -70,7 +71,7 @@ class blob_payload_store {
   explicit blob_payload_store(blob_service& service) : service_(&service) {}
 
   void put(const dcr::payload_id& id, std::span<const std::byte> bytes) {
-    const auto key = owner_prefix(dcr::attempt_of(id), id.owner) + "p" + std::to_string(id.sequence);
+    const auto key = owner_prefix(id.attempt, id.owner) + "p" + std::to_string(id.sequence);
     if (service_->put_if_absent(key, bytes)) return;
     const auto have = service_->get(key);  // ids are immutable names: equal bytes are a no-op
     DCR_EXPECTS(have && std::equal(have->begin(), have->end(), bytes.begin(), bytes.end()),
@@ -81,7 +82,7 @@ class blob_payload_store {
                     std::span<const dcr::payload_id> ids) {
     std::string text = std::to_string(ids.size()) + "\n";
     for (const auto& id : ids) {
-      DCR_EXPECTS(dcr::attempt_of(id) == key && id.owner == owner &&
+      DCR_EXPECTS(id.attempt == key && id.owner == owner &&
                       service_->get(owner_prefix(key, owner) + "p" + std::to_string(id.sequence)),
                   dcr::errc::transport_failure,
                   "blob store: a manifest lists a payload that was not put for its attempt");
@@ -104,7 +105,7 @@ class blob_payload_store {
       auto& l = by_owner[owner];
       l.owner = owner;
       if (leaf == "manifest") continue;  // read below, once all keys are seen
-      l.ids.push_back({key.base_version, key.target_version, key.attempt, owner,
+      l.ids.push_back({key, owner,
                        static_cast<std::uint32_t>(std::stoul(leaf.substr(1)))});
     }
     std::vector<dcr::owner_listing> out;
@@ -114,7 +115,7 @@ class blob_payload_store {
         l.ids.clear();
         std::size_t at = text.find('\n') + 1;
         for (std::size_t nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
-          l.ids.push_back({key.base_version, key.target_version, key.attempt, owner,
+          l.ids.push_back({key, owner,
                            static_cast<std::uint32_t>(std::stoul(text.substr(at, nl - at)))});
         DCR_EXPECTS(l.ids.size() == std::stoul(text.substr(0, text.find('\n'))),
                     dcr::errc::transport_failure, "blob store: a damaged manifest");
@@ -128,7 +129,7 @@ class blob_payload_store {
 
   dcr::get_status get(const dcr::payload_id& id, std::vector<std::byte>& out) const {
     const auto bytes =
-        service_->get(owner_prefix(dcr::attempt_of(id), id.owner) + "p" + std::to_string(id.sequence));
+        service_->get(owner_prefix(id.attempt, id.owner) + "p" + std::to_string(id.sequence));
     if (!bytes) return dcr::get_status::absent;  // not put yet, or erased: never an error
     out = *bytes;
     return dcr::get_status::found;
@@ -136,15 +137,14 @@ class blob_payload_store {
 
   void erase_through(std::uint64_t version) {
     for (const auto& k : service_->keys_with_prefix("dcr/t")) {
-      const auto dash = k.find('-'), slash = k.find('/', 5);
-      if (std::stoull(k.substr(dash + 1, slash - dash - 1)) <= version) service_->erase(k);
+      const auto attempt = dcr::parse_attempt_key(k.substr(4, k.find('/', 4) - 4));
+      if (attempt && attempt->target_version <= version) service_->erase(k);
     }
   }
 
  private:
   static std::string attempt_prefix(const dcr::attempt_key& key) {
-    return "dcr/t" + std::to_string(key.base_version) + "-" + std::to_string(key.target_version) +
-           "/a" + std::to_string(key.attempt) + "/";
+    return "dcr/" + dcr::to_string(key) + "/";
   }
   static std::string owner_prefix(const dcr::attempt_key& key, std::uint32_t owner) {
     return attempt_prefix(key) + "o" + std::to_string(owner) + "/";

@@ -102,7 +102,7 @@ struct trainer {
   std::vector<std::vector<std::byte>> payloads(const dcr::attempt_key& key) {
     const auto& items = owner.build_items(spans(), dcr::encoding_policy::mixed);
     dcr::payload_header header;
-    header.id = {key.base_version, key.target_version, key.attempt, owner.id(), 0};
+    header.id = {key, owner.id(), 0};
     header.registry_fingerprint = registry.fingerprint();
     dcr::payload_encoder encoder;
     std::vector<std::vector<std::byte>> out;

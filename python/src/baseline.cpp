@@ -93,7 +93,7 @@ void bind_baseline(nb::module_& m) {
           dcr::payload_encoder encoder;
           std::vector<std::vector<std::byte>> out;
           dcr::payload_header h;
-          h.id = dcr::payload_id{0, 1, 0, 0, 0};
+          h.id = dcr::payload_id{{0, 1, 0}, 0, 0};
           h.registry_fingerprint = reg.fingerprint();
           double best = 1e300;
           for (int k = 0; k < repeats; ++k) {  // as the Python side: the best of `repeats`

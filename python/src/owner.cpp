@@ -75,7 +75,7 @@ void bind_owner(nb::module_& m) {
                nb::gil_scoped_release release;
                const auto& items = o.get().build_items(s, p, in, {}, md);
                dcr::payload_header h;
-               h.id = dcr::payload_id{base, target, attempt, o.get().id(), 0};
+               h.id = dcr::payload_id{{base, target, attempt}, o.get().id(), 0};
                h.registry_fingerprint = o.registry().fingerprint();
                dcr::pack_payloads(o.registry(), h, items, bucket_bytes, o.encoder, o.payloads);
              }

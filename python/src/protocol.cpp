@@ -136,7 +136,7 @@ nb::dict summary_dict(const dcr::transition_summary& s) {
   nb::list attempts;
   for (const auto& a : s.attempts) {
     nb::dict x;
-    x["attempt"] = a.key.attempt;
+    x["attempt"] = a.key.number;
     x["kind"] = json_value(nlohmann::json(a.kind));
     x["policy"] = json_value(nlohmann::json(a.policy));
     x["committed"] = a.committed;

@@ -8,7 +8,7 @@ TEST_CASE("payload_ledger remembers applied ids for one transition") {
   ledger.reset_for(4, 5);
   CHECK(ledger.base_version() == 4);
   CHECK(ledger.target_version() == 5);
-  const dcr::payload_id a{4, 5, 0, 1, 0}, b{4, 5, 0, 1, 1}, retry{4, 5, 1, 1, 0};
+  const dcr::payload_id a{{4, 5, 0}, 1, 0}, b{{4, 5, 0}, 1, 1}, retry{{4, 5, 1}, 1, 0};
   CHECK_FALSE(ledger.seen(a));
   ledger.mark(a);
   CHECK(ledger.seen(a));

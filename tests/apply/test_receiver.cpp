@@ -27,7 +27,7 @@ using dcr_test::model_config;
 std::vector<std::byte> encode(const dcr::tensor_registry& reg, std::uint32_t sequence,
                               const std::vector<item>& items, std::uint32_t attempt = 0) {
   dcr::payload_header h;
-  h.id = dcr::payload_id{0, 1, attempt, 7, sequence};
+  h.id = dcr::payload_id{{0, 1, attempt}, 7, sequence};
   h.registry_fingerprint = reg.fingerprint();
   std::vector<std::byte> out;
   dcr::payload_encoder().encode(h, items, reg, out);

@@ -169,16 +169,16 @@ inline dcr::tensor_registry registry_from_json(const json& a) {
 }
 
 inline json header_json(const dcr::payload_header& h) {
-  return {{"base_version", h.id.base_version}, {"target_version", h.id.target_version},
-          {"attempt", h.id.attempt},           {"owner", h.id.owner},
+  return {{"base_version", h.id.attempt.base_version}, {"target_version", h.id.attempt.target_version},
+          {"attempt", h.id.attempt.number},            {"owner", h.id.owner},
           {"sequence", h.id.sequence}};
 }
 
 inline dcr::payload_id payload_id_from_json(const json& j) {
   dcr::payload_id id;
-  id.base_version = j.at("base_version").get<std::uint64_t>();
-  id.target_version = j.at("target_version").get<std::uint64_t>();
-  id.attempt = j.at("attempt").get<std::uint32_t>();
+  id.attempt.base_version = j.at("base_version").get<std::uint64_t>();
+  id.attempt.target_version = j.at("target_version").get<std::uint64_t>();
+  id.attempt.number = j.at("attempt").get<std::uint32_t>();
   if (j.contains("owner")) id.owner = j.at("owner").get<std::uint32_t>();
   if (j.contains("sequence")) id.sequence = j.at("sequence").get<std::uint32_t>();
   return id;

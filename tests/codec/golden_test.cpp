@@ -379,7 +379,7 @@ error_case load_error(const std::string& name) {
   c.expected = parse_name(errc_names, c.expected_name, "error code");
   c.registry = registry_from_json(c.sidecar.at("registry"));
   const dcr::payload_id a = payload_id_from_json(c.sidecar.at("receiver_attempt"));
-  c.attempt = {a.base_version, a.target_version, a.attempt};
+  c.attempt = a.attempt;
   return c;
 }
 
@@ -442,7 +442,7 @@ TEST_CASE("golden errors: a receiver refuses each payload before writing anythin
     flat_loader loader{&storage};
     dcr::receiver<flat_loader> rcv(c.registry, loader);
     rcv.prewarm();
-    rcv.begin_attempt({c.attempt.base_version, c.attempt.target_version, c.attempt.attempt});
+    rcv.begin_attempt({c.attempt});
     for (const auto path : {dcr::apply_path::compiled, dcr::apply_path::general}) {
       CAPTURE(static_cast<int>(path));
       CHECK(error_of([&] { rcv.apply_payload(c.payload, {.path = path}); }) == c.expected_name);

@@ -91,7 +91,7 @@ dcr::tensor_registry payload_test_registry() {
 
 dcr::payload_header header_for(const dcr::tensor_registry& r) {
   dcr::payload_header h;
-  h.id = {.base_version = 41, .target_version = 42, .attempt = 3, .owner = 17, .sequence = 5};
+  h.id = {.attempt = {.base_version = 41, .target_version = 42, .number = 3}, .owner = 17, .sequence = 5};
   h.registry_fingerprint = r.fingerprint();
   return h;
 }
@@ -589,7 +589,7 @@ std::vector<golden_case> golden_cases() {
     golden_case c = base_case("header_extremes",
                               "Header fields at their extremes: versions near 2^64, attempt "
                               "2^32 - 1, and owner and sequence numbers using every byte.");
-    c.header.id = {.base_version = ~0ull - 1, .target_version = ~0ull, .attempt = 0xffffffffu,
+    c.header.id = {.attempt = {.base_version = ~0ull - 1, .target_version = ~0ull, .number = 0xffffffffu},
                    .owner = 0x12345678u, .sequence = 0xfedcba98u};
     std::mt19937_64 rng(14);
     auto idx = sparse_indices(numel("w4.i32"), 5, rng);
@@ -1102,7 +1102,7 @@ json error_sidecar(const error_case& c, const dcr::tensor_registry& reg) {
   j["payload_bytes"] = c.payload.size();
   j["receiver_attempt"] = {{"base_version", receiver_attempt.base_version},
                            {"target_version", receiver_attempt.target_version},
-                           {"attempt", receiver_attempt.attempt}};
+                           {"attempt", receiver_attempt.number}};
   j["registry"] = registry_json(reg);
   j["registry_fingerprint"] = fingerprint_text(reg.fingerprint());
   return j;

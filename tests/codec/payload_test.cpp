@@ -94,7 +94,7 @@ const dcr::tensor_registry& registry() {
 
 dcr::payload_header make_header() {
   dcr::payload_header h;
-  h.id = {.base_version = 41, .target_version = 42, .attempt = 3, .owner = 17, .sequence = 5};
+  h.id = {.attempt = {.base_version = 41, .target_version = 42, .number = 3}, .owner = 17, .sequence = 5};
   h.registry_fingerprint = registry().fingerprint();
   return h;
 }
@@ -242,9 +242,9 @@ bytes_t ref_build(const dcr::payload_header& h, const std::vector<ref_entry>& en
   put(b, 8, 80, 2);
   put(b, 10, 64, 2);
   put(b, 16, h.registry_fingerprint, 8);
-  put(b, 24, h.id.base_version, 8);
-  put(b, 32, h.id.target_version, 8);
-  put(b, 40, h.id.attempt, 4);
+  put(b, 24, h.id.attempt.base_version, 8);
+  put(b, 32, h.id.attempt.target_version, 8);
+  put(b, 40, h.id.attempt.number, 4);
   put(b, 44, h.id.owner, 4);
   put(b, 48, h.id.sequence, 4);
   put(b, 52, entries.size(), 4);
@@ -385,11 +385,33 @@ TEST_CASE("payload: empty payloads, empty tensors and a reused items vector") {
   check_same(got, one);
 }
 
+TEST_CASE("attempt keys and payload ids: one text spelling, read back exactly") {
+  const dcr::attempt_key k{3, 4, 1};
+  const dcr::payload_id id{k, 2, 5};
+  CHECK(dcr::to_string(k) == "t3-4-a1");
+  CHECK(dcr::to_string(id) == "t3-4-a1-o2-p5");
+  CHECK(dcr::parse_attempt_key("t3-4-a1") == k);
+  CHECK(dcr::parse_payload_id("t3-4-a1-o2-p5") == id);
+  const dcr::payload_id extreme{{~0ull, ~0ull - 1, 0xffffffffu}, 0xffffffffu, 0};
+  CHECK(dcr::parse_payload_id(dcr::to_string(extreme)) == extreme);
+  CHECK(dcr::parse_attempt_key(dcr::to_string(extreme.attempt)) == extreme.attempt);
+  // Anything to_string does not write is refused: other spellings, leading zeros, signs,
+  // overflow, missing or extra parts.
+  for (const char* bad : {"", "t3-4", "t3-4-a", "3-4-a1", "t3-4/a1", "t3-4-1", "t03-4-a1", "t3-4-a01",
+                          "t+3-4-a1", "t3--4-a1", "t3-4-a1-", "t3-4-a1/", "t3-4-a1-o2-p5",
+                          "t18446744073709551616-4-a1", "t3-4-a4294967296", "T3-4-a1"})
+    CHECK_MESSAGE(!dcr::parse_attempt_key(bad).has_value(), bad);
+  for (const char* bad : {"t3-4-a1", "t3-4-a1-o2", "t3-4-a1-p5-o2", "t3-4-a1-o2-p05", "t3-4-a1-o2-p5x",
+                          "t3-4-a1-o4294967296-p5", "t3-4-a1-o2-p4294967296"})
+    CHECK_MESSAGE(!dcr::parse_payload_id(bad).has_value(), bad);
+  // An id's order is its attempt's, then owner, then sequence.
+  CHECK(dcr::payload_id{{3, 4, 1}, 9, 9} < dcr::payload_id{{3, 4, 2}, 0, 0});
+  CHECK(dcr::payload_id{{3, 4, 1}, 1, 9} < dcr::payload_id{{3, 4, 1}, 2, 0});
+}
+
 TEST_CASE("payload: header fields come back unchanged") {
   dcr::payload_header h = make_header();
-  h.id = {.base_version = ~0ull,
-          .target_version = 1ull << 40,
-          .attempt = 0xffffffffu,
+  h.id = {.attempt = {.base_version = ~0ull, .target_version = 1ull << 40, .number = 0xffffffffu},
           .owner = 0x12345678u,
           .sequence = 0xfedcba98u};
   const bytes_t b = encode(small_items(), {}, h);

@@ -232,8 +232,8 @@ class target {
     check_items_against_table();
 
     // A filter for another transition is refused.
-    const dcr::attempt_key stale{header.id.base_version + 1, header.id.target_version,
-                                       header.id.attempt};
+    const dcr::attempt_key stale{header.id.attempt.base_version + 1,
+                                 header.id.attempt.target_version, header.id.attempt.number};
     try {
       (void)check_decoder_.decode(bytes, registry_, items2_, &stale);
       fail("decode with a filter of another base version must throw stale_payload");
@@ -246,8 +246,7 @@ class target {
     dcr::payload_encoder& enc = encoder(reencode_options(mode));
     must("payload_encoder::encode of decoded items",
          [&] { enc.encode(header, items_, registry_, reencoded_); });
-    const dcr::attempt_key same{header.id.base_version, header.id.target_version,
-                                      header.id.attempt};
+    const dcr::attempt_key same = header.id.attempt;
     const auto h2 = must("decode of re-encoded items under their own filter", [&] {
       return check_decoder_.decode(reencoded_, registry_, items2_, &same);
     });

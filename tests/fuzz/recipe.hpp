@@ -173,9 +173,9 @@ inline void parse_recipe(std::span<const std::uint8_t> body, const dcr::tensor_r
   if (const int k = codings >> 4; k >= 1 && k <= known_value_codings)
     r.options.value = static_cast<dcr::value_coding>(k - 1);
   r.header = {};
-  r.header.id.base_version = in.u8();
-  r.header.id.target_version = in.u8();
-  r.header.id.attempt = in.u8();
+  r.header.id.attempt.base_version = in.u8();
+  r.header.id.attempt.target_version = in.u8();
+  r.header.id.attempt.number = in.u8();
   r.header.id.owner = in.u8();
   r.header.id.sequence = in.u8();
   r.header.registry_fingerprint = registry.fingerprint();

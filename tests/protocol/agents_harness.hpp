@@ -195,7 +195,7 @@ class counting_source {
     const auto status = inner_->next(out, deadline);
     if (status == dcr::source_status::delivered) {
       std::lock_guard lock(mutex_);
-      if (dcr::attempt_of(out.id) == key_) ids_.insert(out.id);
+      if (out.id.attempt == key_) ids_.insert(out.id);
     }
     return status;
   }
@@ -483,7 +483,7 @@ class cluster {
       return dcr::read_record<dcr::attempt_record>(audited_, keys_.attempt());
     });
     if (!a || a->value.state != dcr::attempt_state::committed || a->value.kind != dcr::attempt_kind::refit ||
-        a->value.target_version != version)
+        a->value.key.target_version != version)
       return std::nullopt;
     return a->value.receivers;
   }
@@ -850,7 +850,7 @@ class cluster {
     if (auto it = o_.receiver_lease.find(rank); it != o_.receiver_lease.end()) ro.lease_ttl = it->second;
     ro.after_apply = [this, p](const dcr::attempt_record& a, std::uint64_t n) {
       if (o_.audit_async_gate && a.kind == dcr::attempt_kind::refit && !p->gate_closed)
-        record_violation(name(p->rank) + ": applied a payload of " + dcr::protocol_keys::tag(a.key()) +
+        record_violation(name(p->rank) + ": applied a payload of " + dcr::to_string(a.key) +
                          " with the gate open");
       if (on_apply) on_apply(*p, a, n);
     };
@@ -870,7 +870,7 @@ class cluster {
         }
         complete = complete && seen == owners.size();
         if (!complete || listed != p->source->distinct_delivered())
-          record_violation(name(p->rank) + ": gate closed in " + dcr::protocol_keys::tag(key) + " after " +
+          record_violation(name(p->rank) + ": gate closed in " + dcr::to_string(key) + " after " +
                            std::to_string(p->source->distinct_delivered()) + " of " + std::to_string(listed) +
                            " payloads (manifests " + (complete ? "complete" : "incomplete") + ")");
         p->close_target = key.target_version;

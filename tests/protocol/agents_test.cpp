@@ -146,7 +146,7 @@ TEST_CASE("faulty_source: any pattern of reorders delivers every payload exactly
     CAPTURE(mask);
     list_source inner;
     for (std::uint32_t k = 0; k < 6; ++k)
-      inner.items.push_back({dcr::payload_id{0, 1, 0, 0, k}, std::vector<std::byte>(3, std::byte{static_cast<unsigned char>(k)})});
+      inner.items.push_back({dcr::payload_id{{0, 1, 0}, 0, k}, std::vector<std::byte>(3, std::byte{static_cast<unsigned char>(k)})});
     dcr::testing::faulty_source<list_source> source(inner, [mask](const dcr::attempt_key&, std::uint64_t n) {
       return (mask >> n) & 1u ? delivery_fault::reorder : delivery_fault::none;
     });
@@ -191,7 +191,7 @@ TEST_CASE("two coordinators racing on one transition commit it exactly once") {
     const bool fail_first = v % 2 == 1;
     const int victim = static_cast<int>(v % 4);
     c.faults = [fail_first, victim](int rank, const dcr::attempt_key& k, std::uint64_t n) {
-      return fail_first && rank == victim && !is_restore(k) && k.attempt == 0 && n == 1 ? delivery_fault::drop
+      return fail_first && rank == victim && !is_restore(k) && k.number == 0 && n == 1 ? delivery_fault::drop
                                                                                        : delivery_fault::none;
     };
     {
@@ -263,8 +263,8 @@ TEST_CASE("a coordinator that died mid-attempt is replaced: the successor commit
   const auto r2 = c.run(successor, after(60s));
   REQUIRE_MESSAGE(r2.own_commit(), r2.describe());
   REQUIRE(r2.summary.attempts.size() == 1);
-  CHECK(r2.summary.attempts[0].key == died_in->key());  // continued, not retried
-  CHECK(commit_now(c).attempt == died_in->attempt);
+  CHECK(r2.summary.attempts[0].key == died_in->key);  // continued, not retried
+  CHECK(commit_now(c).attempt == died_in->key.number);
   settle_and_verify(c, 1);
   c.before_commit = nullptr;
 
@@ -275,7 +275,7 @@ TEST_CASE("a coordinator that died mid-attempt is replaced: the successor commit
   auto& cut = c.make_coordinator();
   std::atomic<bool> was_cut{false};
   c.faults = [&](int rank, const dcr::attempt_key& k, std::uint64_t n) {
-    if (rank == 2 && !is_restore(k) && k.target_version == 2 && k.attempt == 0 && n == 1) {
+    if (rank == 2 && !is_restore(k) && k.target_version == 2 && k.number == 0 && n == 1) {
       cut.plane->partition(true);  // before the failure can be seen
       was_cut = true;
       return delivery_fault::drop;
@@ -296,9 +296,9 @@ TEST_CASE("a coordinator that died mid-attempt is replaced: the successor commit
     INFO("successor " << rb.describe() << "; old coordinator " << ra.describe());
     REQUIRE(rb.own_commit());
     REQUIRE(rb.summary.attempts.size() >= 2);
-    CHECK(rb.summary.attempts.front().key.attempt == 0);
+    CHECK(rb.summary.attempts.front().key.number == 0);
     CHECK_FALSE(rb.summary.attempts.front().committed);
-    CHECK(rb.summary.attempts.back().key.attempt >= 1);
+    CHECK(rb.summary.attempts.back().key.number >= 1);
     CHECK(rb.summary.attempts.back().policy == dcr::encoding_policy::overwrite_only);
     CHECK_FALSE(ra.own_commit());
     CHECK(((ra.threw && ra.code == dcr::errc::commit_conflict) || (!ra.threw && ra.summary.committed_by_other)));
@@ -392,7 +392,7 @@ TEST_CASE("a receiver that stalls past the attempt deadline fails the attempt an
   settle_and_verify(c, 1);
   std::atomic<bool> stalled{false};
   c.on_apply = [&](memory_cluster::receiver_inc& inc, const dcr::attempt_record& a, std::uint64_t) {
-    if (inc.rank != 1 || a.kind != dcr::attempt_kind::refit || a.target_version != 2 || stalled.exchange(true)) return;
+    if (inc.rank != 1 || a.kind != dcr::attempt_kind::refit || a.key.target_version != 2 || stalled.exchange(true)) return;
     std::this_thread::sleep_for(6s);
   };
   const auto t0 = protocol_clock::now();
@@ -431,7 +431,7 @@ TEST_CASE("two receivers killed in one attempt: the attempt fails, the retry com
     std::atomic<int> killed{0};
     std::atomic<bool> once{false};
     c.on_apply = [&](memory_cluster::receiver_inc& inc, const dcr::attempt_record& a, std::uint64_t n) {
-      if (a.kind != dcr::attempt_kind::refit || a.target_version != 2 || a.attempt != 0 || n != 1) return;
+      if (a.kind != dcr::attempt_kind::refit || a.key.target_version != 2 || a.key.number != 0 || n != 1) return;
       if ((inc.rank == 1 || inc.rank == 2) && inc.generation == 0 && !once.exchange(true)) {
         for (int rank : {1, 2})
           if (c.kill_receiver_rank(rank, restart_at_once)) ++killed;
@@ -441,7 +441,7 @@ TEST_CASE("two receivers killed in one attempt: the attempt fails, the retry com
     REQUIRE_MESSAGE(r.own_commit(), r.describe());
     CHECK(killed == 2);
     REQUIRE(r.summary.attempts.size() >= 2);
-    CHECK(r.summary.attempts.front().key.attempt == 0);
+    CHECK(r.summary.attempts.front().key.number == 0);
     CHECK_FALSE(r.summary.attempts.front().committed);
     CHECK(r.summary.attempts.back().policy == dcr::encoding_policy::overwrite_only);
     const auto required = settle_and_verify(c, 2);
@@ -481,7 +481,7 @@ TEST_CASE("asynchronous receivers close the gate only after every payload arrive
     CAPTURE(v);
     c.faults = [v](int rank, const dcr::attempt_key& k, std::uint64_t n) {
       if (is_restore(k)) return delivery_fault::none;
-      if (v == 2 && rank == 0 && k.attempt == 0 && n == 1) return delivery_fault::drop;
+      if (v == 2 && rank == 0 && k.number == 0 && n == 1) return delivery_fault::drop;
       if (v == 2 && rank == 2 && n == 0) return delivery_fault::duplicate;
       if (v == 3 && rank == 1 && n == 0) return delivery_fault::reorder;
       if (v == 3 && rank == 3 && n == 1) return delivery_fault::delay;
@@ -538,7 +538,7 @@ TEST_CASE("the file control plane away mid-transition: the transition waits or f
   std::atomic<int> outage_ms{1500};
   std::atomic<bool> started{false};
   c.on_apply = [&](file_cluster::receiver_inc&, const dcr::attempt_record& a, std::uint64_t) {
-    if (a.kind != dcr::attempt_kind::refit || a.target_version != outage_target || started.exchange(true)) return;
+    if (a.kind != dcr::attempt_kind::refit || a.key.target_version != outage_target || started.exchange(true)) return;
     away.begin();
     c.spawn([&, ms = outage_ms.load()] {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
@@ -555,7 +555,7 @@ TEST_CASE("the file control plane away mid-transition: the transition waits or f
   // 2: away for 1 s just before the commit transaction: the commit waits it out.
   outage_target = 0;
   c.before_commit = [&](file_cluster::coordinator_handle&, const dcr::attempt_record& a) {
-    if (a.target_version != 2 || away.count != 1) return;
+    if (a.key.target_version != 2 || away.count != 1) return;
     away.begin();
     c.spawn([&] {
       std::this_thread::sleep_for(1000ms);
@@ -609,7 +609,7 @@ TEST_CASE("an outage longer than every lease: every agent comes back as a new in
   settle_and_verify(c, 1);
   std::atomic<bool> started{false};
   c.on_apply = [&](memory_cluster::receiver_inc&, const dcr::attempt_record& a, std::uint64_t) {
-    if (a.kind != dcr::attempt_kind::refit || a.target_version != 2 || started.exchange(true)) return;
+    if (a.kind != dcr::attempt_kind::refit || a.key.target_version != 2 || started.exchange(true)) return;
     c.outage().begin();
     c.spawn([&] {
       std::this_thread::sleep_for(3500ms);
@@ -751,7 +751,7 @@ void soak_seed(std::uint64_t seed, std::uint64_t transitions, time_point stop_at
       if (abandon == 1 && (abandon_in_restore || !is_restore(k)) && !abandoned.exchange(true)) A->plane->partition(true);
       if (is_restore(k)) return delivery_fault::none;
       for (const auto& e : events)
-        if (e.rank == rank && e.attempt == k.attempt && e.ordinal == n) return e.kind;
+        if (e.rank == rank && e.attempt == k.number && e.ordinal == n) return e.kind;
       return delivery_fault::none;
     };
     c.before_commit = [&](memory_cluster::coordinator_handle& h, const dcr::attempt_record&) {

@@ -191,7 +191,7 @@ TEST_CASE("relay: striped delivery of every payload to every receiver, acknowled
   std::vector<std::string> owner_errors(2);
   for (std::uint32_t o = 0; o < 2; ++o)
     for (std::uint32_t k = 0; k < sizes.size(); ++k) {
-      const dcr::payload_id id{0, 1, 0, o, k};
+      const dcr::payload_id id{{0, 1, 0}, o, k};
       sent[id] = random_bytes(sizes[k], 100 * o + k);
       payload_bytes += sizes[k];
       largest = std::max<std::uint64_t>(largest, sizes[k]);
@@ -203,7 +203,7 @@ TEST_CASE("relay: striped delivery of every payload to every receiver, acknowled
         store.open_attempt(key1, names, soon());
         std::vector<dcr::payload_id> ids;
         for (std::uint32_t k = 0; k < sizes.size(); ++k) {
-          const dcr::payload_id id{0, 1, 0, o, k};
+          const dcr::payload_id id{{0, 1, 0}, o, k};
           store.put(id, sent.at(id));
           ids.push_back(id);
         }
@@ -297,7 +297,7 @@ TEST_CASE("relay: attempts follow each other by base version and attempt number,
       err = message_of([&] {
         store.open_attempt(key, names, soon());
         for (std::uint32_t k = 0; k < 3; ++k) {
-          ids.push_back({key.base_version, key.target_version, key.attempt, 0, k});
+          ids.push_back({key, 0, k});
           store.put(ids.back(), random_bytes(1000, k));
         }
         store.put_manifest(key, 0, ids);
@@ -480,7 +480,7 @@ TEST_CASE("relay: a node lost mid-attempt fails the attempt with the node named;
     b->close(key1);  // failed before its first payload
     manifest.join();
     INFO(err);
-    CHECK(err.find("receiver 'b' ended attempt 0-1/0 before taking it") != std::string::npos);
+    CHECK(err.find("receiver 'b' ended attempt t0-1-a0 before taking it") != std::string::npos);
   }
   SUBCASE("a required receiver attached nowhere: the root says which and why") {
     const std::vector<std::string> more{"a", "b", "c"};
@@ -658,7 +658,7 @@ TEST_CASE("relay: the real agents over a striped relay commit every transition b
   CHECK(d.verify() == "");
   // 2: duplicates, reorders and a corrupted copy (refetched from the node) in the first attempt.
   d.faults = [](int rank, const dcr::attempt_key& k, std::uint64_t n) {
-    if (k.attempt != 0 || k.base_version == k.target_version) return delivery_fault::none;
+    if (k.number != 0 || k.base_version == k.target_version) return delivery_fault::none;
     if (rank == 0 && n < 3) return delivery_fault::duplicate;
     if (rank == 1 && n % 2 == 0) return delivery_fault::reorder;
     if (rank == 2 && n == 1) return delivery_fault::corrupt;
@@ -680,8 +680,8 @@ TEST_CASE("relay: the real agents over a striped relay commit every transition b
   // payload of the failed attempt, which it refuses as stale.
   d.faults = [](int rank, const dcr::attempt_key& k, std::uint64_t n) {
     if (k.base_version == k.target_version) return delivery_fault::none;
-    if (k.attempt == 0 && rank == 3 && n == 1) return delivery_fault::drop;
-    if (k.attempt > 0 && rank == 0 && n == 0) return delivery_fault::stale;
+    if (k.number == 0 && rank == 3 && n == 1) return delivery_fault::drop;
+    if (k.number > 0 && rank == 0 && n == 0) return delivery_fault::stale;
     return delivery_fault::none;
   };
   s = d.step(0.05);

@@ -99,7 +99,7 @@ std::vector<dcr::payload_id> fill(Store& s, std::vector<std::uint32_t> owners, s
       s.put(id, bytes_of("payload o" + std::to_string(o) + " p" + std::to_string(q) + std::string(100 + q, 'x')));
       ids.push_back(id);
     }
-    if (manifest) s.put_manifest(dcr::attempt_of(ids.front()), o, ids);
+    if (manifest) s.put_manifest(ids.front().attempt, o, ids);
     all.insert(all.end(), ids.begin(), ids.end());
   }
   return all;
@@ -185,8 +185,8 @@ TEST_CASE("s3_payload_store: the options are checked before anything is sent") {
   { auto x = o; x.endpoint = "http://localhost:9/"; x.addressing = dcr::s3_addressing::virtual_host;
     dcr::s3_payload_store ok(x); CHECK(ok.url() == "s3://bucket/p/"); }
   dcr::s3_payload_store s(o);
-  CHECK(s.payload_key(dcr::payload_id{3, 4, 1, 77, 12}) == "p/t3-4/a1/o77/p12");
-  CHECK(s.manifest_key(dcr::attempt_key{4, 4, 2}, 5) == "p/t4-4/a2/o5/manifest");
+  CHECK(s.payload_key(dcr::payload_id{{3, 4, 1}, 77, 12}) == "p/t3-4-a1/o77/p12");
+  CHECK(s.manifest_key(dcr::attempt_key{4, 4, 2}, 5) == "p/t4-4-a2/o5/manifest");
 }
 
 TEST_CASE("SigV4 canonical forms: URI encoding and the sorted query") {

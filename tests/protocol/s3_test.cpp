@@ -77,7 +77,7 @@ std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
 
 dcr::payload_id pid(std::uint32_t owner, std::uint32_t seq, std::uint64_t base = 1, std::uint64_t target = 2,
                     std::uint32_t attempt = 0) {
-  return {base, target, attempt, owner, seq};
+  return {{base, target, attempt}, owner, seq};
 }
 
 // Stops the server (SIGSTOP) for `d` from now, in the background; resumed by the destructor at
@@ -307,8 +307,9 @@ TEST_CASE("erase_through drops every object of transitions with target <= v, res
   for (auto [b, t] : {std::pair{0, 1}, {1, 2}, {2, 2}, {2, 3}, {9, 10}}) {
     const auto id = pid(4, 0, static_cast<std::uint64_t>(b), static_cast<std::uint64_t>(t));
     s.put(id, bytes_of("x"));
-    s.put(pid(4, 1, id.base_version, id.target_version), bytes_of("y"));
-    s.put_manifest(dcr::attempt_of(id), 4, std::vector<dcr::payload_id>{id, pid(4, 1, id.base_version, id.target_version)});
+    const auto other = pid(4, 1, id.attempt.base_version, id.attempt.target_version);
+    s.put(other, bytes_of("y"));
+    s.put_manifest(id.attempt, 4, std::vector<dcr::payload_id>{id, other});
   }
   s.erase_through(2);
   std::vector<std::byte> out;
@@ -713,7 +714,7 @@ TEST_CASE("the agents refit over S3, bit-exact, through an owner killed mid-put 
   // the overwrite retry commits.
   std::atomic<bool> owner_killed{false};
   c.on_put = [&](s3_cluster::owner_inc& inc, const dcr::attempt_record& a, std::uint64_t n) {
-    if (inc.slot == 0 && a.kind == dcr::attempt_kind::refit && a.target_version == 2 && n == 1 &&
+    if (inc.slot == 0 && a.kind == dcr::attempt_kind::refit && a.key.target_version == 2 && n == 1 &&
         !owner_killed.exchange(true))
       c.kill_owner(&inc, true);
   };
@@ -727,7 +728,7 @@ TEST_CASE("the agents refit over S3, bit-exact, through an owner killed mid-put 
   // Receiver 1 dies at its first apply of 2 -> 3 and is restarted: restored over S3, it joins.
   std::atomic<bool> receiver_killed{false};
   c.on_apply = [&](s3_cluster::receiver_inc& inc, const dcr::attempt_record& a, std::uint64_t n) {
-    if (inc.rank == 1 && a.kind == dcr::attempt_kind::refit && a.target_version == 3 && n == 1 &&
+    if (inc.rank == 1 && a.kind == dcr::attempt_kind::refit && a.key.target_version == 3 && n == 1 &&
         !receiver_killed.exchange(true))
       c.kill_receiver(&inc, true);
   };

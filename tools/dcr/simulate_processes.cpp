@@ -137,7 +137,7 @@ int run_coordinator(const simulate_settings& s) {
       o.policy = s.options.policy;
       o.min_receivers = s.restarted ? 0 : static_cast<std::size_t>(s.receiver_tp);
       o.before_commit = [&](const dcr::attempt_record& a) {
-        if (kill_here(s, "coordinator", a.target_version)) ::raise(SIGKILL);
+        if (kill_here(s, "coordinator", a.key.target_version)) ::raise(SIGKILL);
       };
       dcr::coordinator coord(plane, store, registry.fingerprint(), owner_ids(layout), o);
       const auto deadline = deadline_of(s);
@@ -155,7 +155,7 @@ int run_coordinator(const simulate_settings& s) {
           json owners = json::array(), acks = json::array();
           for (const auto& r : a.reports) owners.push_back(r);
           for (const auto& k : a.acks) acks.push_back(k);
-          attempts.push_back({{"attempt", a.key.attempt}, {"kind", a.kind}, {"policy", a.policy},
+          attempts.push_back({{"attempt", a.key.number}, {"kind", a.kind}, {"policy", a.policy},
                               {"committed", a.committed}, {"failure", a.failure},
                               {"seconds", a.seconds}, {"reports", owners}, {"acks", acks}});
         }
@@ -200,7 +200,7 @@ int run_owner(const simulate_settings& s) {
       o.codec = s.options.codec;
       o.pipelined = s.pipelined;
       o.after_put = [&](const dcr::attempt_record& a, std::uint64_t n) {
-        if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "owner", a.target_version))
+        if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "owner", a.key.target_version))
           ::raise(SIGKILL);
       };
       dcr::owner_agent agent(owner, registry, plane, store, o);
@@ -266,7 +266,7 @@ int run_receiver(const simulate_settings& s) {
       o.keys = keys;
       o.asynchronous = s.asynchronous;
       o.after_apply = [&](const dcr::attempt_record& a, std::uint64_t n) {
-        if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "receiver", a.target_version))
+        if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "receiver", a.key.target_version))
           ::raise(SIGKILL);
       };
       std::atomic<int> gate_closes{0}, gate_opens{0};
@@ -344,11 +344,11 @@ int run_receiver(const simulate_settings& s) {
             source, [=](const dcr::attempt_key& key, std::uint64_t ordinal) {
               if (key.target_version != step) return dcr::testing::delivery_fault::none;
               if (kind == dcr::testing::delivery_fault::stale) {
-                if (key.attempt == 0 && ordinal == 1) return dcr::testing::delivery_fault::drop;
-                if (key.attempt > 0 && ordinal == 0) return dcr::testing::delivery_fault::stale;
+                if (key.number == 0 && ordinal == 1) return dcr::testing::delivery_fault::drop;
+                if (key.number > 0 && ordinal == 0) return dcr::testing::delivery_fault::stale;
                 return dcr::testing::delivery_fault::none;
               }
-              return key.attempt == 0 && ordinal == 0 ? kind : dcr::testing::delivery_fault::none;
+              return key.number == 0 && ordinal == 0 ? kind : dcr::testing::delivery_fault::none;
             });
         return serve(faulty);
       }
@@ -471,7 +471,7 @@ void outage_thread(const simulate_settings& s, std::atomic<bool>& stop, std::ato
       while (!stop.load()) {
         try {
           auto a = dcr::read_record<dcr::attempt_record>(plane, keys.attempt());
-          if (a && a->value.target_version == static_cast<std::uint64_t>(s.commit_outage) &&
+          if (a && a->value.key.target_version == static_cast<std::uint64_t>(s.commit_outage) &&
               a->value.state == dcr::attempt_state::open)
             break;
         } catch (const dcr::error&) {
@@ -509,7 +509,8 @@ int run_simulate_agent(const simulate_settings& s) {
     if (s.role == "receiver") return run_receiver(s);
     if (s.role == "relay-root")
       return run_relay_root(s, [&](const dcr::payload_id& id) {
-        return id.base_version != id.target_version && kill_here(s, "relay-root", id.target_version);
+        return id.attempt.base_version != id.attempt.target_version &&
+               kill_here(s, "relay-root", id.attempt.target_version);
       });
     fmt::print(stderr, "dcr simulate: unknown --role '{}'\n", s.role);
     return 2;

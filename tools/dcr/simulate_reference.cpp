@@ -86,7 +86,7 @@ reference_result run_reference(const simulate_settings& s, std::uint64_t version
       std::uint64_t digest = 0;
       for (std::size_t at = 0; at < share.size(); at += object_bytes) {
         const std::span<const std::byte> piece(share.data() + at, std::min(object_bytes, share.size() - at));
-        const dcr::payload_id pid{0, 0, 0, static_cast<std::uint32_t>(node), sequence++};
+        const dcr::payload_id pid{{0, 0, 0}, static_cast<std::uint32_t>(node), sequence++};
         shaped.put(pid, piece);
         digest += XXH64(piece.data(), piece.size(), pid.sequence);
         ids.push_back(pid);

@@ -339,7 +339,7 @@ int with_receiver_source(const simulate_settings& s, F&& f) {
 /// store where it is object storage, else a filesystem store; in a place of its own.
 template <class F>
 auto with_reference_store(const simulate_settings& s, F&& f) {
-  if (uses_s3(s)) {  // the run's prefix, under reference/ (never a t*-* transition of the refits)
+  if (uses_s3(s)) {  // the run's prefix, under reference/ (never an attempt directory of the refits)
     auto o = s3_options_of(s);
     o.prefix += "reference/";
     dcr::s3_payload_store store(o);

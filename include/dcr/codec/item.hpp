@@ -7,10 +7,15 @@
 // items of one owner for one attempt of one transition.
 #pragma once
 
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <xxhash.h>
@@ -63,29 +68,95 @@ struct item {
 
 /// One attempt of one transition: the unit an attempt record fences and a manifest describes.
 /// A restore of version v (a dense overwrite for receivers that join) is the "transition"
-/// v -> v with its own attempt numbers.
+/// v -> v with its own attempt numbers. to_string spells it as text, parse_attempt_key reads
+/// that back.
 struct attempt_key {
   std::uint64_t base_version = 0;
   std::uint64_t target_version = 0;
-  std::uint32_t attempt = 0;
+  /// Attempts of one base version are numbered together from 0, restores and refits alike.
+  std::uint32_t number = 0;
   friend constexpr bool operator==(const attempt_key&, const attempt_key&) = default;
   friend constexpr auto operator<=>(const attempt_key&, const attempt_key&) = default;
 };
 
-/// Identifies one payload; receivers apply each id at most once per transition.
+/// Identifies one payload; receivers apply each id at most once per transition. Ordered by
+/// attempt, then owner, then sequence, so that one attempt's ids are contiguous in a sorted
+/// set. to_string spells it as text, parse_payload_id reads that back.
 struct payload_id {
-  std::uint64_t base_version = 0;
-  std::uint64_t target_version = 0;
-  std::uint32_t attempt = 0;
-  std::uint32_t owner = 0;
-  std::uint32_t sequence = 0;
+  attempt_key attempt;          ///< the attempt that built it
+  std::uint32_t owner = 0;      ///< the owner that built it
+  std::uint32_t sequence = 0;   ///< its place among that owner's payloads of the attempt
   friend constexpr bool operator==(const payload_id&, const payload_id&) = default;
   friend constexpr auto operator<=>(const payload_id&, const payload_id&) = default;
 };
 
-/// The attempt a payload belongs to.
-constexpr attempt_key attempt_of(const payload_id& id) noexcept {
-  return {id.base_version, id.target_version, id.attempt};
+/// "t<base>-<target>-a<number>", e.g. "t3-4-a1": the one text spelling of an attempt, in
+/// control-plane keys, store object and file names, and messages.
+inline std::string to_string(const attempt_key& k) {
+  std::string text = "t";  // appended, never "t" + ...: g++ 12 warns falsely (-Wrestrict) there
+  text += std::to_string(k.base_version);
+  text += '-';
+  text += std::to_string(k.target_version);
+  text += "-a";
+  text += std::to_string(k.number);
+  return text;
+}
+
+/// "t<base>-<target>-a<number>-o<owner>-p<sequence>", e.g. "t3-4-a1-o2-p5": the one text
+/// spelling of a payload id.
+inline std::string to_string(const payload_id& id) {
+  std::string text = to_string(id.attempt);
+  text += "-o";
+  text += std::to_string(id.owner);
+  text += "-p";
+  text += std::to_string(id.sequence);
+  return text;
+}
+
+namespace detail {
+
+/// Takes "<tag><decimal>" off the front of `text`: the decimal as std::to_string writes it (no
+/// sign, no leading zero), at most `limit`. Leaves `text` alone and returns nullopt otherwise.
+inline std::optional<std::uint64_t> take_number(std::string_view& text, std::string_view tag,
+                                                std::uint64_t limit) {
+  if (!text.starts_with(tag)) return std::nullopt;
+  const auto digits = text.substr(tag.size());
+  std::size_t n = 0;
+  while (n < digits.size() && digits[n] >= '0' && digits[n] <= '9') ++n;
+  if (n == 0 || (n > 1 && digits[0] == '0')) return std::nullopt;
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + n, v);
+  if (ec != std::errc{} || end != digits.data() + n || v > limit) return std::nullopt;
+  text.remove_prefix(tag.size() + n);
+  return v;
+}
+
+/// Takes what to_string(const attempt_key&) writes off the front of `text`.
+inline std::optional<attempt_key> take_attempt_key(std::string_view& text) {
+  std::string_view rest = text;
+  const auto base = take_number(rest, "t", UINT64_MAX);
+  const auto target = base ? take_number(rest, "-", UINT64_MAX) : std::nullopt;
+  const auto number = target ? take_number(rest, "-a", UINT32_MAX) : std::nullopt;
+  if (!number) return std::nullopt;
+  text = rest;
+  return attempt_key{*base, *target, static_cast<std::uint32_t>(*number)};
+}
+
+}  // namespace detail
+
+/// The attempt key `text` spells, exactly as to_string wrote it; nullopt for any other text.
+inline std::optional<attempt_key> parse_attempt_key(std::string_view text) {
+  auto k = detail::take_attempt_key(text);
+  return k && text.empty() ? k : std::nullopt;
+}
+
+/// The payload id `text` spells, exactly as to_string wrote it; nullopt for any other text.
+inline std::optional<payload_id> parse_payload_id(std::string_view text) {
+  const auto k = detail::take_attempt_key(text);
+  const auto owner = k ? detail::take_number(text, "-o", UINT32_MAX) : std::nullopt;
+  const auto sequence = owner ? detail::take_number(text, "-p", UINT32_MAX) : std::nullopt;
+  if (!sequence || !text.empty()) return std::nullopt;
+  return payload_id{*k, static_cast<std::uint32_t>(*owner), static_cast<std::uint32_t>(*sequence)};
 }
 
 /// The digest of one payload id in an order-independent set digest: a set's digest is the sum
@@ -93,8 +164,8 @@ constexpr attempt_key attempt_of(const payload_id& id) noexcept {
 /// they applied of an attempt, and the coordinator commits only when the two agree. Hashes the
 /// fields, never the struct's padding.
 inline std::uint64_t payload_id_digest(const payload_id& id) noexcept {
-  const std::uint64_t words[4] = {id.base_version, id.target_version,
-                                  (std::uint64_t{id.attempt} << 32) | id.owner, id.sequence};
+  const std::uint64_t words[4] = {id.attempt.base_version, id.attempt.target_version,
+                                  (std::uint64_t{id.attempt.number} << 32) | id.owner, id.sequence};
   return XXH64(words, sizeof words, 0x64637270);  // "dcrp"
 }
 

@@ -309,9 +309,9 @@ class payload_encoder {
     store_le<std::uint16_t>(p + 8, payload_format::header_size);
     store_le<std::uint16_t>(p + 10, payload_format::entry_size);
     store_le<std::uint64_t>(p + 16, h.registry_fingerprint);
-    store_le<std::uint64_t>(p + 24, h.id.base_version);
-    store_le<std::uint64_t>(p + 32, h.id.target_version);
-    store_le<std::uint32_t>(p + 40, h.id.attempt);
+    store_le<std::uint64_t>(p + 24, h.id.attempt.base_version);
+    store_le<std::uint64_t>(p + 32, h.id.attempt.target_version);
+    store_le<std::uint32_t>(p + 40, h.id.attempt.number);
     store_le<std::uint32_t>(p + 44, h.id.owner);
     store_le<std::uint32_t>(p + 48, h.id.sequence);
     store_le<std::uint32_t>(p + 52, count);
@@ -430,16 +430,9 @@ class payload_decoder {
                         std::vector<item>& items, const attempt_key* expect = nullptr) {
     const payload_header header = read_table(bytes, entries_);
     if (expect != nullptr) {
-      DCR_EXPECTS(header.id.base_version == expect->base_version &&
-                      header.id.target_version == expect->target_version &&
-                      header.id.attempt == expect->attempt,
-                  errc::stale_payload,
-                  "payload: transition " + std::to_string(header.id.base_version) + "->" +
-                      std::to_string(header.id.target_version) + " attempt " +
-                      std::to_string(header.id.attempt) + ", expected " +
-                      std::to_string(expect->base_version) + "->" +
-                      std::to_string(expect->target_version) + " attempt " +
-                      std::to_string(expect->attempt));
+      DCR_EXPECTS(header.id.attempt == *expect, errc::stale_payload,
+                  "payload: of attempt " + to_string(header.id.attempt) + ", expected " +
+                      to_string(*expect));
     }
     DCR_EXPECTS(header.registry_fingerprint == registry.fingerprint(), errc::registry_mismatch,
                 "payload: registry fingerprint differs from the receiver's (built for another "
@@ -613,9 +606,9 @@ class payload_decoder {
     DCR_EXPECTS(entries_fit(), errc::overflow, entries_error());
     header_fields h;
     h.header.registry_fingerprint = load_le<std::uint64_t>(p + 16);
-    h.header.id.base_version = load_le<std::uint64_t>(p + 24);
-    h.header.id.target_version = load_le<std::uint64_t>(p + 32);
-    h.header.id.attempt = load_le<std::uint32_t>(p + 40);
+    h.header.id.attempt.base_version = load_le<std::uint64_t>(p + 24);
+    h.header.id.attempt.target_version = load_le<std::uint64_t>(p + 32);
+    h.header.id.attempt.number = load_le<std::uint32_t>(p + 40);
     h.header.id.owner = load_le<std::uint32_t>(p + 44);
     h.header.id.sequence = load_le<std::uint32_t>(p + 48);
     h.count = count;

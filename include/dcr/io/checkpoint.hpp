@@ -613,8 +613,7 @@ class checkpoint_differ {
       }
     }
     payload_header header;
-    header.id = {delta_format::forward.base_version, delta_format::forward.target_version,
-                 delta_format::forward.attempt, 0, s.sequence};
+    header.id = {delta_format::forward, 0, s.sequence};
     header.registry_fingerprint = registry_->fingerprint();
     encoder_.encode(header, std::span<const item>(s.items.data(), s.used), *registry_, payload_);
     const auto t1 = detail::clock::now();
@@ -1363,12 +1362,10 @@ inline bool prepare_in_place(delta_file& d, const std::filesystem::path& base_pa
       }
       payload_header h;
       h.registry_fingerprint = d.registry().fingerprint();
-      h.id = {delta_format::forward.base_version, delta_format::forward.target_version, 0, 0,
-              static_cast<std::uint32_t>(i)};
+      h.id = {delta_format::forward, 0, static_cast<std::uint32_t>(i)};
       encoder.encode(h, items, d.registry(), bytes);
       journal.append_payload(bytes);
-      h.id = {delta_format::backward.base_version, delta_format::backward.target_version, 0, 0,
-              static_cast<std::uint32_t>(i)};
+      h.id = {delta_format::backward, 0, static_cast<std::uint32_t>(i)};
       encoder.encode(h, undo, d.registry(), bytes);
       journal.append_payload(bytes);
       ++report.payloads;

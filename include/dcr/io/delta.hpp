@@ -440,7 +440,7 @@ class delta_file {
                   here + ": declares " + std::to_string(size) + " bytes, " +
                       std::to_string(rest.size()) + " remain");
       const auto header = payload_decoder::peek_header(rest.first(size));
-      const auto id = header.id;
+      const auto& id = header.id.attempt;
       const bool undo = id.base_version == 1 && id.target_version == 0;
       DCR_EXPECTS(kind == container_kind::journal || !undo, errc::stale_payload,
                   here + ": an undo payload in a delta file");
@@ -649,7 +649,7 @@ class delta_writer {
   /// Appends one encoded payload (its header's transition says redo/delta or undo).
   void append_payload(std::span<const std::byte> payload) {
     DCR_EXPECTS(!finished_, errc::not_ready, "delta_writer: payload appended after finish()");
-    const auto id = payload_decoder::peek_header(payload).id;
+    const auto id = payload_decoder::peek_header(payload).id.attempt;
     const bool undo = id.base_version == 1 && id.target_version == 0;
     DCR_EXPECTS(!undo || kind_ == container_kind::journal, errc::invalid_argument,
                 "delta_writer: undo payload in a delta file");

@@ -135,9 +135,9 @@ inline nlohmann::ordered_json inspect_json(const delta_file& d, const std::strin
     p["offset"] = d.payload_offset(i);
     p["bytes"] = d.payload(i).size();
     p["direction"] = d.is_undo(i) ? "undo" : "forward";
-    p["base_version"] = h.id.base_version;
-    p["target_version"] = h.id.target_version;
-    p["attempt"] = h.id.attempt;
+    p["base_version"] = h.id.attempt.base_version;
+    p["target_version"] = h.id.attempt.target_version;
+    p["attempt"] = h.id.attempt.number;
     p["owner"] = h.id.owner;
     p["sequence"] = h.id.sequence;
     ojson items = ojson::array();

@@ -135,7 +135,7 @@ class coordinator {
       });
       std::optional<typed_record<attempt_record>> open;
       if (current && current->value.state == attempt_state::open &&
-          current->value.base_version == v &&
+          current->value.key.base_version == v &&
           (current->value.kind == attempt_kind::restore ||
            current->value.candidate == candidate)) {
         open = current;  // continue what a predecessor (or a racing coordinator) prepared
@@ -187,7 +187,7 @@ class coordinator {
       // A racing coordinator may have committed meanwhile: this very attempt (then the
       // transition is done), or something else (a conflict).
       const auto now = must_read<commit_record>(keys.commit(), deadline);
-      if (now.value.version == v + 1 && now.value.attempt == open->value.attempt &&
+      if (now.value.version == v + 1 && now.value.attempt == open->value.key.number &&
           now.value.candidate == open->value.candidate) {
         summary.committed = true;
         out.committed = out.committed_by_other = true;
@@ -357,25 +357,25 @@ class coordinator {
         return std::nullopt;
     }
     attempt_record a;
-    a.base_version = v;
+    a.key.base_version = v;
     a.owners = owners_;
     a.candidate = candidate;
     a.membership_epoch = next.epoch;
     a.deadline_unix_ms = unix_ms_now() + options_.attempt_timeout.count();
-    const bool same_transition = previous && previous->value.base_version == v;
+    const bool same_transition = previous && previous->value.key.base_version == v;
     a.refits_before = same_transition ? previous->value.refits_before +
                                             (previous->value.kind == attempt_kind::refit ? 1 : 0)
                                       : 0;
     if (!joiners.empty()) {
       a.kind = attempt_kind::restore;
-      a.target_version = v;
-      a.attempt = same_transition ? previous->value.attempt + 1 : 0;  // numbering shared
+      a.key.target_version = v;
+      a.key.number = same_transition ? previous->value.key.number + 1 : 0;  // numbering shared
       a.policy = encoding_policy::overwrite_only;
       a.receivers = joiners;
     } else {
       a.kind = attempt_kind::refit;
-      a.target_version = v + 1;
-      a.attempt = same_transition ? previous->value.attempt + 1 : 0;
+      a.key.target_version = v + 1;
+      a.key.number = same_transition ? previous->value.key.number + 1 : 0;
       // Attempt numbers are shared by restores and refits of a transition; only a transition's
       // very first refit attempt may use a delta encoding.
       a.policy = a.refits_before > 0 ? encoding_policy::overwrite_only : options_.policy;
@@ -392,7 +392,7 @@ class coordinator {
         a.candidate_digests = previous->value.candidate_digests;
         if (previous->value.kind == attempt_kind::refit)
           for (const auto& r : with_retry("coordinator: reports", deadline, [&] {
-                 return read_records<owner_report>(*plane_, keys.reports(previous->value.key()));
+                 return read_records<owner_report>(*plane_, keys.reports(previous->value.key));
                }))
             if (r.built) a.candidate_digests[r.owner] = r.change_digest;
       }
@@ -413,7 +413,7 @@ class coordinator {
     const auto& keys = options_.keys;
     const attempt_record& a = open.value;
     attempt_summary s;
-    s.key = a.key();
+    s.key = a.key;
     s.kind = a.kind;
     s.policy = a.policy;
     const auto t0 = protocol_clock::now();
@@ -429,7 +429,7 @@ class coordinator {
         break;
       }
       const auto commit = must_read<commit_record>(keys.commit(), deadline);
-      if (commit.value.version != a.base_version) {
+      if (commit.value.version != a.key.base_version) {
         s.failure = "version " + std::to_string(commit.value.version) +
                     " was committed by someone else (another coordinator)";
         break;
@@ -490,7 +490,7 @@ class coordinator {
           if (std::find(a.receivers.begin(), a.receivers.end(), k.name) != a.receivers.end() &&
               (k.applied_payloads != listed || k.applied_payload_digest != listed_digest)) {
             s.failure = "receiver '" + k.name + "' applied " + std::to_string(k.applied_payloads) +
-                        " payloads of attempt " + protocol_keys::tag(s.key) +
+                        " payloads of attempt " + to_string(s.key) +
                         (k.applied_payloads == listed ? " (other ones)" : "") +
                         ", the owners' manifests list " + std::to_string(listed);
             break;
@@ -502,7 +502,7 @@ class coordinator {
         break;
       }
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
-                  "coordinator: attempt " + protocol_keys::tag(s.key) + " still open at the deadline");
+                  "coordinator: attempt " + to_string(s.key) + " still open at the deadline");
       with_retry("coordinator: wait", deadline, [&] {
         return plane_->wait_for_change(keys.all(), seen,
                                        std::min(deadline, protocol_clock::now() + std::chrono::milliseconds(500)));
@@ -517,8 +517,8 @@ class coordinator {
                                const attempt_summary& s, protocol_clock::time_point deadline) {
     const auto& keys = options_.keys;
     commit_record next;
-    next.version = open.value.target_version;
-    next.attempt = open.value.attempt;
+    next.version = open.value.key.target_version;
+    next.attempt = open.value.key.number;
     next.registry_fingerprint = fingerprint_;
     next.membership_epoch = open.value.membership_epoch;
     next.candidate = open.value.candidate;
@@ -582,7 +582,7 @@ class coordinator {
     for (;;) {
       const auto seen = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
       const auto acks = with_retry("coordinator: acks", deadline, [&] {
-        return read_records<receiver_ack>(*plane_, keys.acks(f.key()));
+        return read_records<receiver_ack>(*plane_, keys.acks(f.key));
       });
       const auto regs = live_receivers(deadline);
       std::vector<std::string> waiting;  // incarnations that may still write the attempt
@@ -590,7 +590,7 @@ class coordinator {
         const bool acked = std::any_of(acks.begin(), acks.end(), [&](const auto& k) { return k.name == name; });
         auto r = regs.find(name);
         // Gone (lease expired) or restarted (a new process never wrote the old attempt).
-        const bool gone = r == regs.end() || !r->second.restored || r->second.committed_version != f.base_version;
+        const bool gone = r == regs.end() || !r->second.restored || r->second.committed_version != f.key.base_version;
         if (!acked && !gone) waiting.push_back(r->second.incarnation);
       }
       // Owners: every one reported (so none is still putting payloads of the attempt) or left;
@@ -599,7 +599,7 @@ class coordinator {
       bool owners_settled = true;
       if (watched != nullptr) {
         auto reports = with_retry("coordinator: reports", deadline, [&] {
-          return read_records<owner_report>(*plane_, keys.reports(f.key()));
+          return read_records<owner_report>(*plane_, keys.reports(f.key));
         });
         const auto owners = live_owners(deadline);
         for (auto id : f.owners) {
@@ -621,7 +621,7 @@ class coordinator {
       }
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
                   "coordinator: receivers and owners did not settle the fence of attempt " +
-                      protocol_keys::tag(f.key()) + " by the deadline");
+                      to_string(f.key) + " by the deadline");
       with_retry("coordinator: wait for fence", deadline, [&] {
         return plane_->wait_for_change(keys.all(), seen,
                                        std::min({deadline, patience, protocol_clock::now() + std::chrono::milliseconds(500)}));

@@ -34,10 +34,8 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cinttypes>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -55,8 +53,8 @@
 namespace dcr {
 
 /// Exclusive claims on payload ids among processes that share a directory: one file per id,
-/// locked with flock(2) while claimed. A claim is released when its object is destroyed, or by
-/// the kernel when its process dies. The directory must be on a filesystem whose flock is
+/// named to_string(id), locked with flock(2) while claimed. A claim is released when its object
+/// is destroyed, or by the kernel when its process dies. The directory must be on a filesystem whose flock is
 /// coherent across the claimants (a local filesystem; NFSv4 and Lustre with flock enabled).
 class directory_claims {
  public:
@@ -83,7 +81,7 @@ class directory_claims {
   /// Claims `id` if no one holds it; an empty claim if someone does. Throws
   /// errc::transport_failure naming the file if it cannot be opened or locked.
   claim try_claim(const payload_id& id) const {
-    const auto path = dir_ / name_of(id);
+    const auto path = dir_ / to_string(id);
     io::file_descriptor fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
     DCR_EXPECTS(fd.valid(), errc::transport_failure,
                 "directory_claims: cannot open '" + path.string() + "': " + std::strerror(errno));
@@ -98,20 +96,14 @@ class directory_claims {
     std::error_code ec;
     for (auto it = std::filesystem::directory_iterator(dir_, ec); !ec && it != std::filesystem::directory_iterator();
          it.increment(ec)) {
-      const auto name = it->path().filename().string();
-      std::uint64_t base = 0, target = 0;
-      if (std::sscanf(name.c_str(), "t%" SCNu64 "-%" SCNu64 "-", &base, &target) == 2 && target <= version)
-        std::filesystem::remove(it->path(), ec);
+      const auto id = parse_payload_id(it->path().filename().string());
+      if (id && id->attempt.target_version <= version) std::filesystem::remove(it->path(), ec);
     }
   }
 
   [[nodiscard]] const std::filesystem::path& directory() const noexcept { return dir_; }
 
  private:
-  static std::string name_of(const payload_id& id) {
-    return "t" + std::to_string(id.base_version) + "-" + std::to_string(id.target_version) + "-a" +
-           std::to_string(id.attempt) + "-o" + std::to_string(id.owner) + "-p" + std::to_string(id.sequence);
-  }
   std::filesystem::path dir_;
 };
 
@@ -189,7 +181,7 @@ class fanout_store {
     local_->erase_through(version);
     claims_->erase_through(version);
     std::lock_guard lock(mutex_);
-    std::erase_if(first_asked_, [&](const auto& kv) { return kv.first.target_version <= version; });
+    std::erase_if(first_asked_, [&](const auto& kv) { return kv.first.attempt.target_version <= version; });
   }
 
   [[nodiscard]] fanout_stats stats() const {

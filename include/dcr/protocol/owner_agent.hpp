@@ -96,7 +96,7 @@ class owner_agent {
       const auto a = with_retry("owner agent: read attempt", deadline, [&] {
         return read_record<attempt_record>(*plane_, options_.keys.attempt());
       });
-      if (a && a->value.state == attempt_state::open) died_in_ = a->value.key();
+      if (a && a->value.state == attempt_state::open) died_in_ = a->value.key;
     }
   }
 
@@ -155,24 +155,24 @@ class owner_agent {
         return read_record<attempt_record>(*plane_, keys.attempt());
       });
       if (attempt && attempt->value.state == attempt_state::open &&
-          attempt->value.base_version == v && !handled(attempt->value.key()) &&
+          attempt->value.key.base_version == v && !handled(attempt->value.key) &&
           std::find(attempt->value.owners.begin(), attempt->value.owners.end(), owner_->id()) !=
               attempt->value.owners.end()) {
         handle_attempt(attempt->value, candidate, candidates, residual_inputs, deadline);
         continue;
       }
       if (attempt && attempt->value.state == attempt_state::fenced &&
-          attempt->value.base_version == v && !handled(attempt->value.key()) &&
+          attempt->value.key.base_version == v && !handled(attempt->value.key) &&
           std::find(attempt->value.owners.begin(), attempt->value.owners.end(), owner_->id()) !=
               attempt->value.owners.end()) {
         // Fenced before this owner started it: it put nothing; say so, so that the
         // coordinator's fence need not wait for this owner's lease to expire.
-        handled_.push_back(attempt->value.key());
+        handled_.push_back(attempt->value.key);
         report_ = {};
         report_.owner = owner_->id();
         report_.incarnation = incarnation_;
         report_.failure = "owner " + std::to_string(owner_->id()) + ": fenced before it started";
-        write_report(attempt->value.key(), deadline);
+        write_report(attempt->value.key, deadline);
         continue;
       }
       DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
@@ -236,7 +236,7 @@ class owner_agent {
                       std::span<const std::span<const std::byte>> candidates,
                       std::span<const std::span<const std::byte>> residual_inputs,
                       protocol_clock::time_point deadline) {
-    const attempt_key key = a.key();
+    const attempt_key key = a.key;
     handled_.push_back(key);
     report_ = {};
     report_.owner = owner_->id();
@@ -305,7 +305,7 @@ class owner_agent {
     // A push transport routes by attempt: it learns the attempt, its receivers and its
     // deadline first.
     if constexpr (attempt_routed_sink<Store>)
-      store_->open_attempt(a.key(), a.receivers,
+      store_->open_attempt(a.key, a.receivers,
                            clock::now() + std::chrono::milliseconds(std::max<std::int64_t>(
                                               0, a.deadline_unix_ms - unix_ms_now())));
     std::uint32_t sequence = 0;
@@ -315,7 +315,7 @@ class owner_agent {
     // they are merged into timeline_ once the stage has drained.
     std::vector<stage_span> put_spans;
     payload_header header;
-    header.id = payload_id{a.base_version, a.target_version, a.attempt, owner_->id(), 0};
+    header.id = payload_id{a.key, owner_->id(), 0};
     header.registry_fingerprint = registry_->fingerprint();
     // Stage thread: pack + compress, then put.
     auto pack_and_put = [&](std::vector<item>& items) {
@@ -364,7 +364,7 @@ class owner_agent {
     timeline_.insert(timeline_.end(), put_spans.begin(), put_spans.end());
     std::stable_sort(timeline_.begin(), timeline_.end(),
                      [](const stage_span& x, const stage_span& y) { return x.begin < y.begin; });
-    store_->put_manifest(a.key(), owner_->id(), ids_);
+    store_->put_manifest(a.key, owner_->id(), ids_);
     std::uint64_t digest = 0;
     std::uint64_t set_digest = 0;
     for (const auto& id : ids_) {

@@ -77,7 +77,7 @@ inline std::vector<payload_id> parse_manifest(std::string_view text, const attem
     if (nl == std::string_view::npos) return damaged("unterminated line");
     const auto seq = number(text.substr(at, nl - at), UINT32_MAX);
     if (!seq) return damaged("bad sequence number '" + std::string(text.substr(at, nl - at)) + "'");
-    ids.push_back(payload_id{key.base_version, key.target_version, key.attempt, owner,
+    ids.push_back(payload_id{key, owner,
                              static_cast<std::uint32_t>(*seq)});
     at = nl + 1;
   }
@@ -170,7 +170,7 @@ class memory_payload_store {
                     std::span<const payload_id> ids) {
     std::lock_guard lock(mutex_);
     for (const auto& id : ids)
-      DCR_EXPECTS(objects_.contains(id) && attempt_of(id) == key && id.owner == owner,
+      DCR_EXPECTS(objects_.contains(id) && id.attempt == key && id.owner == owner,
                   errc::transport_failure,
                   "memory_payload_store: manifest of owner " + std::to_string(owner) +
                       " lists a payload that was not put for its attempt");
@@ -180,9 +180,8 @@ class memory_payload_store {
   std::vector<owner_listing> list(const attempt_key& key) const {
     std::lock_guard lock(mutex_);
     std::map<std::uint32_t, owner_listing> by_owner;
-    for (auto it = objects_.lower_bound(payload_id{key.base_version, key.target_version,
-                                                   key.attempt, 0, 0});
-         it != objects_.end() && attempt_of(it->first) == key; ++it) {
+    for (auto it = objects_.lower_bound(payload_id{key, 0, 0});
+         it != objects_.end() && it->first.attempt == key; ++it) {
       auto& l = by_owner[it->first.owner];
       l.owner = it->first.owner;
       l.ids.push_back(it->first);
@@ -204,7 +203,7 @@ class memory_payload_store {
 
   void erase_through(std::uint64_t version) {
     std::lock_guard lock(mutex_);
-    std::erase_if(objects_, [&](const auto& kv) { return kv.first.target_version <= version; });
+    std::erase_if(objects_, [&](const auto& kv) { return kv.first.attempt.target_version <= version; });
     std::erase_if(manifests_, [&](const auto& kv) { return kv.first.target_version <= version; });
   }
 
@@ -229,12 +228,12 @@ class memory_payload_store {
 static_assert(payload_store<memory_payload_store>);
 
 /// A payload store in a directory on a local or shared filesystem (the embedded default).
-/// Layout: DIR/t<base>-<target>/a<attempt>/o<owner>/p<sequence> for payloads and
-/// DIR/t<base>-<target>/a<attempt>/o<owner>/manifest; every file is written as a hidden
-/// temporary in its final directory, fsynced and renamed (never torn; readers skip
-/// temporaries), so it is safe for concurrent processes and on NFS-like mounts (rename within a
-/// directory is atomic there too). Every filesystem failure throws errc::transport_failure
-/// naming the path.
+/// Layout: DIR/<attempt>/o<owner>/p<sequence> for payloads and DIR/<attempt>/o<owner>/manifest,
+/// where <attempt> is to_string(attempt_key), "t<base>-<target>-a<number>". Every file is
+/// written as a hidden temporary in its final directory, fsynced and renamed (never torn;
+/// readers skip temporaries), so it is safe for concurrent processes and on NFS-like mounts
+/// (rename within a directory is atomic there too). Every filesystem failure throws
+/// errc::transport_failure naming the path.
 class file_payload_store {
  public:
   using payload_store_concept = payload_store_tag;
@@ -272,7 +271,7 @@ class file_payload_store {
     const auto path = attempt_dir(key) / ("o" + std::to_string(owner)) / "manifest";
     guarded(path, [&] {
       for (const auto& id : ids)
-        DCR_EXPECTS(attempt_of(id) == key && id.owner == owner && io::path_exists(payload_path(id)),
+        DCR_EXPECTS(id.attempt == key && id.owner == owner && io::path_exists(payload_path(id)),
                     errc::transport_failure,
                     "file_payload_store: manifest '" + path.string() +
                         "' lists a payload that was not put for its attempt");
@@ -307,8 +306,8 @@ class file_payload_store {
           for (const auto& p : std::filesystem::directory_iterator(o.path())) {
             const auto pn = p.path().filename().string();
             if (pn.size() < 2 || pn[0] != 'p') continue;  // temporaries start with '.'
-            l.ids.push_back(payload_id{key.base_version, key.target_version, key.attempt,
-                                       l.owner, static_cast<std::uint32_t>(std::stoul(pn.substr(1)))});
+            l.ids.push_back(payload_id{key, l.owner,
+                                       static_cast<std::uint32_t>(std::stoul(pn.substr(1)))});
           }
         }
         std::sort(l.ids.begin(), l.ids.end());
@@ -335,22 +334,18 @@ class file_payload_store {
   void erase_through(std::uint64_t version) {
     guarded(dir_, [&] {
       for (const auto& t : std::filesystem::directory_iterator(dir_)) {
-        const auto name = t.path().filename().string();
-        const auto dash = name.find('-');
-        if (name.size() < 4 || name[0] != 't' || dash == std::string::npos) continue;
-        const auto target = std::stoull(name.substr(dash + 1));
-        if (target <= version) std::filesystem::remove_all(t.path());
+        const auto key = parse_attempt_key(t.path().filename().string());
+        if (key && key->target_version <= version) std::filesystem::remove_all(t.path());
       }
     });
   }
 
  private:
   [[nodiscard]] std::filesystem::path attempt_dir(const attempt_key& key) const {
-    return dir_ / ("t" + std::to_string(key.base_version) + "-" + std::to_string(key.target_version)) /
-           ("a" + std::to_string(key.attempt));
+    return dir_ / to_string(key);
   }
   [[nodiscard]] std::filesystem::path payload_path(const payload_id& id) const {
-    return attempt_dir(attempt_of(id)) / ("o" + std::to_string(id.owner)) /
+    return attempt_dir(id.attempt) / ("o" + std::to_string(id.owner)) /
            ("p" + std::to_string(id.sequence));
   }
 

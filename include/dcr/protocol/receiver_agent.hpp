@@ -108,7 +108,7 @@ class receiver_agent {
         return read_record<commit_record>(*plane_, keys.commit());
       });
       if (commit && restored_ && applied_ && commit->value.version == committed_ + 1 &&
-          commit->value.attempt == applied_key_.attempt) {
+          commit->value.attempt == applied_key_.number) {
         // The transition this receiver applied was committed.
         rx_->end_transition(commit->value.version);
         committed_ = commit->value.version;
@@ -129,11 +129,11 @@ class receiver_agent {
       if (attempt && attempt->value.state == attempt_state::open &&
           std::find(attempt->value.receivers.begin(), attempt->value.receivers.end(), name_) !=
               attempt->value.receivers.end() &&
-          !acked(attempt->value.key())) {
+          !acked(attempt->value.key)) {
         const auto& a = attempt->value;
         const bool restore = a.kind == attempt_kind::restore;
-        if ((restore && a.base_version >= committed_) ||
-            (!restore && restored_ && a.base_version == committed_)) {
+        if ((restore && a.key.base_version >= committed_) ||
+            (!restore && restored_ && a.key.base_version == committed_)) {
           run_attempt(a, attempt->revision, deadline);
           continue;
         }
@@ -141,16 +141,16 @@ class receiver_agent {
       if (attempt && attempt->value.state == attempt_state::fenced &&
           std::find(attempt->value.receivers.begin(), attempt->value.receivers.end(), name_) !=
               attempt->value.receivers.end() &&
-          !acked(attempt->value.key())) {
+          !acked(attempt->value.key)) {
         // Fenced before this receiver started it: nothing of it was written here; say so, so
         // that the coordinator need not wait for this receiver's lease to expire.
-        acked_.push_back(attempt->value.key());
+        acked_.push_back(attempt->value.key);
         receiver_ack fenced_ack;
         fenced_ack.name = name_;
         fenced_ack.incarnation = incarnation_;
         fenced_ack.state = ack_state::fenced;
         with_retry("receiver agent: acknowledge fence", deadline, [&] {
-          put(*plane_, keys.ack(attempt->value.key(), name_), encode_record(fenced_ack));
+          put(*plane_, keys.ack(attempt->value.key, name_), encode_record(fenced_ack));
           return 0;
         });
         continue;
@@ -226,7 +226,7 @@ class receiver_agent {
 
   void run_attempt(const attempt_record& a, std::int64_t attempt_revision,
                    protocol_clock::time_point deadline) {
-    const attempt_key key = a.key();
+    const attempt_key key = a.key;
     acked_.push_back(key);
     current_ = a;
     applied_count_ = 0;
@@ -295,7 +295,7 @@ class receiver_agent {
         if (status == source_status::complete) break;
         if (status == source_status::timed_out) {
           DCR_EXPECTS(clock::now() < attempt_deadline, errc::deadline_exceeded,
-                      "receiver '" + name_ + "': attempt " + protocol_keys::tag(key) +
+                      "receiver '" + name_ + "': attempt " + to_string(key) +
                           " not delivered by its deadline");
           continue;
         }
@@ -337,7 +337,7 @@ class receiver_agent {
       ack_.state = restore ? ack_state::restored : ack_state::applied;
     }
     if (restore && ack_.state == ack_state::restored) {
-      committed_ = a.base_version;
+      committed_ = a.key.base_version;
       restored_ = true;
       dirty_ = false;
       ++restores_;

@@ -10,10 +10,10 @@
 //   PREFIX/membership                   membership_record: receivers an attempt requires
 //   PREFIX/receivers/<name>             receiver_registration, under the receiver's lease
 //   PREFIX/owners/<id>                  owner_registration, under the owner agent's lease
-//   PREFIX/reports/<attempt tag>/<id>   owner_report: an owner built (or failed) an attempt
-//   PREFIX/acks/<attempt tag>/<name>    receiver_ack: fenced, applied, restored or failed
-// where <attempt tag> is "<base>-<target>-<attempt>". Per transition the agents write
-// O(owners + receivers) records, never one per payload.
+//   PREFIX/reports/<attempt>/<id>       owner_report: an owner built (or failed) an attempt
+//   PREFIX/acks/<attempt>/<name>        receiver_ack: fenced, applied, restored or failed
+// where <attempt> is to_string(attempt_key): "t<base>-<target>-a<number>", e.g. t3-4-a1. Per
+// transition the agents write O(owners + receivers) records, never one per payload.
 #pragma once
 
 #include <cstdint>
@@ -57,9 +57,7 @@ enum class attempt_kind : std::uint8_t {
 /// The attempt record (the fence): receivers accept payloads of this attempt only.
 struct attempt_record {
   attempt_kind kind = attempt_kind::refit;
-  std::uint64_t base_version = 0;
-  std::uint64_t target_version = 0;
-  std::uint32_t attempt = 0;
+  attempt_key key;                       ///< the attempt: its transition and number
   encoding_policy policy = encoding_policy::mixed;
   std::vector<std::uint32_t> owners;     ///< owners that must put a manifest
   std::vector<std::string> receivers;    ///< receivers that must acknowledge
@@ -74,8 +72,6 @@ struct attempt_record {
   /// first refit attempt may use a delta encoding (receivers may hold partial writes after).
   std::uint32_t refits_before = 0;
   attempt_state state = attempt_state::open;
-
-  [[nodiscard]] attempt_key key() const { return {base_version, target_version, attempt}; }
 };
 
 /// Which receivers the deployment's attempts require.
@@ -163,18 +159,14 @@ struct protocol_keys {
   [[nodiscard]] std::string receiver(const std::string& name) const { return receivers() + name; }
   [[nodiscard]] std::string owners() const { return prefix + "/owners/"; }
   [[nodiscard]] std::string owner(std::uint32_t id) const { return owners() + std::to_string(id); }
-  [[nodiscard]] static std::string tag(const attempt_key& k) {
-    return std::to_string(k.base_version) + "-" + std::to_string(k.target_version) + "-" +
-           std::to_string(k.attempt);
-  }
   [[nodiscard]] std::string reports(const attempt_key& k) const {
-    return prefix + "/reports/" + tag(k) + "/";
+    return prefix + "/reports/" + to_string(k) + "/";
   }
   [[nodiscard]] std::string report(const attempt_key& k, std::uint32_t owner) const {
     return reports(k) + std::to_string(owner);
   }
   [[nodiscard]] std::string acks(const attempt_key& k) const {
-    return prefix + "/acks/" + tag(k) + "/";
+    return prefix + "/acks/" + to_string(k) + "/";
   }
   [[nodiscard]] std::string ack(const attempt_key& k, const std::string& name) const {
     return acks(k) + name;
@@ -202,8 +194,8 @@ NLOHMANN_JSON_SERIALIZE_ENUM(encoding_policy, {{encoding_policy::mixed, "mixed"}
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(commit_record, version, attempt,
                                                 registry_fingerprint, membership_epoch,
                                                 manifest_digest, candidate)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(attempt_record, kind, base_version,
-                                                target_version, attempt, policy, owners,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(attempt_key, base_version, target_version, number)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(attempt_record, kind, key, policy, owners,
                                                 receivers, overwrite_only, candidate,
                                                 candidate_digests, deadline_unix_ms,
                                                 membership_epoch, refits_before, state)

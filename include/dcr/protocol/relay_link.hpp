@@ -169,9 +169,9 @@ class writer {
     u16(static_cast<std::uint16_t>(s.size()));
     return raw(s.data(), s.size());
   }
-  writer& key(const attempt_key& k) { return u64(k.base_version).u64(k.target_version).u32(k.attempt); }
+  writer& key(const attempt_key& k) { return u64(k.base_version).u64(k.target_version).u32(k.number); }
   writer& id(const payload_id& p) {
-    return key(attempt_of(p)).u32(p.owner).u32(p.sequence);
+    return key(p.attempt).u32(p.owner).u32(p.sequence);
   }
   writer& raw(const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
@@ -215,12 +215,12 @@ class reader {
     attempt_key k;
     k.base_version = u64();
     k.target_version = u64();
-    k.attempt = u32();
+    k.number = u32();
     return k;
   }
   payload_id id() {
     const auto k = key();
-    payload_id p{k.base_version, k.target_version, k.attempt, 0, 0};
+    payload_id p{k, 0, 0};
     p.owner = u32();
     p.sequence = u32();
     return p;
@@ -350,19 +350,12 @@ inline chunk_view parse_chunk(std::span<const std::byte> body) {
 /// the later one, though its key compares lower).
 constexpr bool later_attempt(const attempt_key& a, const attempt_key& b) noexcept {
   if (a.base_version != b.base_version) return a.base_version > b.base_version;
-  if (a.attempt != b.attempt) return a.attempt > b.attempt;
+  if (a.number != b.number) return a.number > b.number;
   return a.target_version > b.target_version;
 }
 
-inline std::string describe(const payload_id& id) {
-  return "payload (owner " + std::to_string(id.owner) + ", sequence " + std::to_string(id.sequence) +
-         ") of attempt " + std::to_string(id.base_version) + "-" + std::to_string(id.target_version) +
-         "/" + std::to_string(id.attempt);
-}
-inline std::string describe(const attempt_key& k) {
-  return "attempt " + std::to_string(k.base_version) + "-" + std::to_string(k.target_version) + "/" +
-         std::to_string(k.attempt);
-}
+inline std::string describe(const payload_id& id) { return "payload " + to_string(id); }
+inline std::string describe(const attempt_key& k) { return "attempt " + to_string(k); }
 
 }  // namespace relay_wire
 

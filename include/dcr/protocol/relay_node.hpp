@@ -232,11 +232,11 @@ class relay_node {
         const auto key = r.key();
         const auto owner = r.u32();
         std::vector<payload_id> ids(r.u32());
-        for (auto& id : ids) id = {key.base_version, key.target_version, key.attempt, owner, r.u32()};
+        for (auto& id : ids) id = {key, owner, r.u32()};
         r.end();
         std::lock_guard lock(mutex_);
         if (!current_ || key != *current_) {
-          out.emplace_back(c, relay_wire::nack_frame(relay_subject::manifest, {key.base_version, key.target_version, key.attempt, owner, 0},
+          out.emplace_back(c, relay_wire::nack_frame(relay_subject::manifest, {key, owner, 0},
                                                      options_.name + ": not the current attempt here"));
           break;
         }
@@ -285,7 +285,7 @@ class relay_node {
 
   void receive(const std::shared_ptr<root_conn>& c, const relay_wire::chunk_view& chunk, outbox& out) {
     if (chunk.offset == 0 && !c->discarding.contains(chunk.id) && !held_.contains(chunk.id)) {
-      const bool current = current_ && attempt_of(chunk.id) == *current_;
+      const bool current = current_ && chunk.id.attempt == *current_;
       if (!current) {  // a late payload of a replaced attempt: never delivered
         out.emplace_back(c, relay_wire::credit_frame(chunk.total));
         out.emplace_back(c, relay_wire::nack_frame(relay_subject::payload, chunk.id,
@@ -383,7 +383,7 @@ class relay_node {
       if (failure.empty() && !all) continue;
       m.answered = true;
       if (!m.from) continue;
-      const payload_id mid{current_->base_version, current_->target_version, current_->attempt, owner, 0};
+      const payload_id mid{*current_, owner, 0};
       out.emplace_back(m.from, failure.empty() ? relay_wire::ack_frame(relay_subject::manifest, mid)
                                                : relay_wire::nack_frame(relay_subject::manifest, mid, failure));
     }

@@ -119,7 +119,7 @@ class relay_owner_store {
 
   void put(const payload_id& id, std::span<const std::byte> bytes) {
     std::unique_lock lock(mutex_);
-    DCR_EXPECTS(key_ && attempt_of(id) == *key_, errc::not_ready,
+    DCR_EXPECTS(key_ && id.attempt == *key_, errc::not_ready,
                 options_.name + ": put of a " + relay_wire::describe(id) + " outside its open attempt (open_attempt first)");
     const auto hash = XXH64(bytes.data(), bytes.size(), bytes.size());
     if (auto it = sent_.find(id); it != sent_.end()) {
@@ -153,7 +153,7 @@ class relay_owner_store {
     DCR_EXPECTS(key_ && key == *key_, errc::not_ready,
                 options_.name + ": manifest of " + relay_wire::describe(key) + " outside its open attempt");
     for (const auto& id : ids)
-      DCR_EXPECTS(attempt_of(id) == key && id.owner == owner && sent_.contains(id), errc::transport_failure,
+      DCR_EXPECTS(id.attempt == key && id.owner == owner && sent_.contains(id), errc::transport_failure,
                   options_.name + ": manifest of owner " + std::to_string(owner) +
                       " lists a payload that was not put for its attempt");
     manifest_owner_ = owner;
@@ -312,7 +312,7 @@ class relay_owner_store {
         case relay_frame::ack: {
           const auto what = static_cast<relay_subject>(rd.u8());
           const auto id = rd.id();
-          if (!key_ || attempt_of(id) != *key_) break;
+          if (!key_ || id.attempt != *key_) break;
           if (what == relay_subject::payload) acked_.insert(id);
           if (what == relay_subject::manifest && id.owner == manifest_owner_) manifest_acked_ = true;
           break;
@@ -321,7 +321,7 @@ class relay_owner_store {
           const auto what = static_cast<relay_subject>(rd.u8());
           const auto id = rd.id();
           const auto why = rd.str();
-          if (!key_ || attempt_of(id) != *key_) break;
+          if (!key_ || id.attempt != *key_) break;
           if (failure_.empty())
             failure_ = (what == relay_subject::payload    ? relay_wire::describe(id) + " was not delivered: "
                         : what == relay_subject::manifest ? "the manifest of " + relay_wire::describe(*key_) + " was not delivered: "

@@ -250,7 +250,7 @@ class relay_root {
         const auto id = r.id();
         std::string why = type == relay_frame::nack ? r.str() : std::string();
         r.end();
-        if (!current_ || attempt_of(id) != current_->key) break;  // a replaced attempt
+        if (!current_ || id.attempt != current_->key) break;  // a replaced attempt
         if (what == relay_subject::payload) {
           if (auto it = current_->payloads.find(id); it != current_->payloads.end()) {
             heard(it->second, k, why);
@@ -303,7 +303,7 @@ class relay_root {
     for (auto& [owner, ans] : a.manifests) {
       heard(ans, lost, why);
       if (ans.failure.empty()) ans.failure = why;
-      answer_owner(ans, relay_subject::manifest, {a.key.base_version, a.key.target_version, a.key.attempt, owner, 0});
+      answer_owner(ans, relay_subject::manifest, {a.key, owner, 0});
     }
     a.manifests.clear();
     // Payloads waiting for a reservation can no longer get one on the lost node.
@@ -369,7 +369,7 @@ class relay_root {
         relay_wire::reader r(body, type);
         const auto key = r.key();
         const auto owner = r.u32();
-        const payload_id mid{key.base_version, key.target_version, key.attempt, owner, 0};
+        const payload_id mid{key, owner, 0};
         if (!accepting(*o, key)) {
           o->link->send(relay_wire::nack_frame(relay_subject::manifest, mid, where_ + ": " + not_accepting(*o, key)));
           break;
@@ -403,7 +403,7 @@ class relay_root {
   }
 
   void announced(const std::shared_ptr<owner_state>& o, const attempt_key& key, std::set<std::string> required) {
-    const payload_id aid{key.base_version, key.target_version, key.attempt, 0, 0};
+    const payload_id aid{key, 0, 0};
     if (current_ && key != current_->key && !relay_wire::later_attempt(key, current_->key)) {
       o->link->send(relay_wire::nack_frame(relay_subject::attempt, aid,
                                            where_ + ": " + relay_wire::describe(key) + " was replaced by " +
@@ -434,7 +434,7 @@ class relay_root {
     ready_timer_->async_wait([this, generation](const asio::error_code& ec) {
       if (ec || generation != ready_generation_ || stopping_ || !current_ || current_->ready) return;
       const auto why = where_ + ": " + unreachable_receivers();
-      const payload_id aid{current_->key.base_version, current_->key.target_version, current_->key.attempt, 0, 0};
+      const payload_id aid{current_->key, 0, 0};
       for (auto& o : owners_)
         if (o->awaiting_ready) {
           o->awaiting_ready = false;
@@ -502,7 +502,7 @@ class relay_root {
       p->total = c.total;
       p->owner = o;
       o->receiving = p;
-      const auto key = attempt_of(c.id);
+      const auto key = c.id.attempt;
       if (!accepting(*o, key)) {
         p->dropped = true;
         o->link->send(relay_wire::nack_frame(relay_subject::payload, c.id, where_ + ": " + not_accepting(*o, key)));

@@ -4,8 +4,9 @@
 // part of dcr.hpp (the umbrella pulls in neither).
 //
 // Semantics are the file store's (file_payload_store), object for file:
-//   PREFIX t<base>-<target>/a<attempt>/o<owner>/p<sequence>   one payload
-//   PREFIX t<base>-<target>/a<attempt>/o<owner>/manifest      the owner's manifest
+//   PREFIX <attempt>/o<owner>/p<sequence>   one payload
+//   PREFIX <attempt>/o<owner>/manifest      the owner's manifest
+// where <attempt> is to_string(attempt_key), "t<base>-<target>-a<number>" (dcr/codec/item.hpp).
 //   - put(id, bytes) writes the payload object once. With conditional writes (the default) the
 //     PUT carries If-None-Match: * so that S3 itself refuses to replace an existing object
 //     (412): then the object is read back, and equal bytes are a no-op, other bytes an
@@ -22,8 +23,8 @@
 //     an owner without one lists the payload objects seen. Objects of other names under the
 //     prefix are ignored.
 //   - get answers absent for 404 (NoSuchKey): not put yet, or erased.
-//   - erase_through(v) deletes every object of every transition whose target is <= v (listing
-//     the prefix's t*-* "directories", then DELETE per object, several at once) and aborts the
+//   - erase_through(v) deletes every object of every attempt whose target is <= v (listing the
+//     prefix's attempt "directories", then DELETE per object, several at once) and aborts the
 //     incomplete multipart uploads under them (left by a process killed mid-upload).
 // The credentials' identity needs GetObject, PutObject, DeleteObject, ListBucket and
 // AbortMultipartUpload / ListBucketMultipartUploads on the prefix (without ListBucket, S3
@@ -256,7 +257,7 @@ class s3_payload_store {
           present.push_back(p->sequence);
     std::sort(present.begin(), present.end());
     for (const auto& id : ids)
-      DCR_EXPECTS(attempt_of(id) == key && id.owner == owner &&
+      DCR_EXPECTS(id.attempt == key && id.owner == owner &&
                       std::binary_search(present.begin(), present.end(), id.sequence),
                   errc::transport_failure,
                   "s3_payload_store: manifest " + client_.where(object) +
@@ -277,7 +278,7 @@ class s3_payload_store {
       if (p->manifest) {
         manifest_etags[p->owner] = entry.etag;
       } else {
-        l.ids.push_back(payload_id{key.base_version, key.target_version, key.attempt, p->owner, p->sequence});
+        l.ids.push_back(payload_id{key, p->owner, p->sequence});
       }
     }
     for (const auto& [owner, etag] : manifest_etags)
@@ -306,15 +307,15 @@ class s3_payload_store {
   }
 
   void erase_through(std::uint64_t version) {
-    std::vector<std::string> doomed;  // transition prefixes
+    std::vector<std::string> doomed;  // attempt prefixes
     std::string token;
     do {
       auto q = list_query(options_.prefix, token, options_.list_page_size);
       q.emplace_back("delimiter", "/");
       const auto page = list_page(q, options_.prefix);
       for (const auto& p : page.common_prefixes) {
-        const auto target = transition_target(std::string_view(p).substr(options_.prefix.size()));
-        if (target && *target <= version) doomed.push_back(p);
+        const auto key = attempt_directory(std::string_view(p).substr(options_.prefix.size()));
+        if (key && key->target_version <= version) doomed.push_back(p);
       }
       token = page.next_token;
     } while (!token.empty());
@@ -346,7 +347,7 @@ class s3_payload_store {
 
   /// The key of payload `id`'s object (for other clients and tests).
   [[nodiscard]] std::string payload_key(const payload_id& id) const {
-    return owner_prefix(attempt_of(id), id.owner) + "p" + std::to_string(id.sequence);
+    return owner_prefix(id.attempt, id.owner) + "p" + std::to_string(id.sequence);
   }
   /// The key of `owner`'s manifest object for `key`.
   [[nodiscard]] std::string manifest_key(const attempt_key& key, std::uint32_t owner) const {
@@ -425,43 +426,26 @@ class s3_payload_store {
   // ---- keys
 
   [[nodiscard]] std::string attempt_prefix(const attempt_key& key) const {
-    return options_.prefix + "t" + std::to_string(key.base_version) + "-" +
-           std::to_string(key.target_version) + "/a" + std::to_string(key.attempt) + "/";
+    return options_.prefix + to_string(key) + "/";
   }
   [[nodiscard]] std::string owner_prefix(const attempt_key& key, std::uint32_t owner) const {
     return attempt_prefix(key) + "o" + std::to_string(owner) + "/";
   }
 
-  static std::optional<std::uint64_t> decimal(std::string_view digits, std::uint64_t limit) {
-    if (digits.empty() || digits.size() > 20 || (digits.size() > 1 && digits[0] == '0')) return std::nullopt;
-    std::uint64_t v = 0;
-    for (const char c : digits) {
-      if (c < '0' || c > '9') return std::nullopt;
-      const auto d = static_cast<std::uint64_t>(c - '0');
-      if (v > (limit - d) / 10) return std::nullopt;
-      v = v * 10 + d;
-    }
-    return v;
-  }
   // "o<owner>/p<sequence>" or "o<owner>/manifest" (relative to the attempt's prefix).
   static std::optional<owner_entry> parse_owner_entry(std::string_view rest) {
-    const auto slash = rest.find('/');
-    if (!rest.starts_with('o') || slash == std::string_view::npos) return std::nullopt;
-    const auto owner = decimal(rest.substr(1, slash - 1), UINT32_MAX);
-    const auto name = rest.substr(slash + 1);
-    if (!owner) return std::nullopt;
-    if (name == "manifest") return owner_entry{static_cast<std::uint32_t>(*owner), true, 0};
-    if (!name.starts_with('p')) return std::nullopt;
-    const auto seq = decimal(name.substr(1), UINT32_MAX);
-    if (!seq) return std::nullopt;
+    const auto owner = detail::take_number(rest, "o", UINT32_MAX);
+    if (!owner || !rest.starts_with('/')) return std::nullopt;
+    rest.remove_prefix(1);
+    if (rest == "manifest") return owner_entry{static_cast<std::uint32_t>(*owner), true, 0};
+    const auto seq = detail::take_number(rest, "p", UINT32_MAX);
+    if (!seq || !rest.empty()) return std::nullopt;
     return owner_entry{static_cast<std::uint32_t>(*owner), false, static_cast<std::uint32_t>(*seq)};
   }
-  // "t<base>-<target>/" (relative to the store's prefix): the target.
-  static std::optional<std::uint64_t> transition_target(std::string_view rest) {
-    const auto dash = rest.find('-');
-    if (!rest.starts_with('t') || !rest.ends_with('/') || dash == std::string_view::npos) return std::nullopt;
-    if (!decimal(rest.substr(1, dash - 1), UINT64_MAX)) return std::nullopt;
-    return decimal(rest.substr(dash + 1, rest.size() - dash - 2), UINT64_MAX);
+  // "<attempt>/" (relative to the store's prefix): the attempt.
+  static std::optional<attempt_key> attempt_directory(std::string_view rest) {
+    if (!rest.ends_with('/')) return std::nullopt;
+    return parse_attempt_key(rest.substr(0, rest.size() - 1));
   }
 
   // ---- requests
@@ -589,8 +573,8 @@ class s3_payload_store {
         const std::string_view rest = std::string_view(key).substr(options_.prefix.size());
         const auto slash = rest.find('/');
         if (slash == std::string_view::npos) continue;
-        const auto target = transition_target(rest.substr(0, slash + 1));
-        if (target && *target <= version) abort_upload(key, id);
+        const auto attempt = attempt_directory(rest.substr(0, slash + 1));
+        if (attempt && attempt->target_version <= version) abort_upload(key, id);
       }
       if (!truncated || (key_marker.empty() && upload_marker.empty())) return;
     }

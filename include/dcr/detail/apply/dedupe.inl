@@ -14,10 +14,7 @@ DCR_INLINE void payload_ledger::reset_for(std::uint64_t base_version,
 
 DCR_INLINE void payload_ledger::mark(const payload_id& id) {
   DCR_EXPECTS(applied_.insert(id).second, errc::duplicate_payload,
-              "payload_ledger: payload (owner " + std::to_string(id.owner) + ", attempt " +
-                  std::to_string(id.attempt) + ", sequence " + std::to_string(id.sequence) +
-                  ") was already applied in transition " + std::to_string(id.base_version) +
-                  " -> " + std::to_string(id.target_version));
+              "payload_ledger: payload " + to_string(id) + " was already applied");
 }
 
 #endif  // DCR_HEADER_BODIES

@@ -47,7 +47,7 @@ DCR_INLINE transition_report to_report(const transition_summary& s, memory_contr
   for (const auto& a : s.attempts) {
     if (a.kind != attempt_kind::refit) continue;
     attempt_report r;
-    r.attempt = a.key.attempt;
+    r.attempt = a.key.number;
     r.policy = a.policy;
     r.succeeded = a.committed;
     r.failure = a.failure;

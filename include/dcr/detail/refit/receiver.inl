@@ -41,9 +41,7 @@ DCR_INLINE apply_outcome receiver_base::apply_payload(std::span<const std::byte>
     s = applier_->apply(items_, options);
   } catch (const error& e) {
     if (!refused_before_writes(e.dcr_code()))
-      written_failure_.emplace(e.dcr_code(), "receiver: attempt " + std::to_string(current_.base_version) + "-" +
-                                                 std::to_string(current_.target_version) + "-" +
-                                                 std::to_string(current_.attempt) +
+      written_failure_.emplace(e.dcr_code(), "receiver: attempt " + to_string(current_) +
                                                  " is refused from here on: a payload of it failed after "
                                                  "its writes had begun (" + std::string(e.what()) + ")");
     throw;

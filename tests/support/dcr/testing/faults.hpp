@@ -79,7 +79,7 @@ class faulty_source {
         break;
       case delivery_fault::drop:
         throw error(errc::transport_failure, "faulty_source: delivery " + std::to_string(ordinal_ - 1) +
-                                                 " of attempt " + std::to_string(key_.attempt) +
+                                                 " of attempt " + to_string(key_) +
                                                  " dropped (injected)");
       case delivery_fault::lose: return next(out, deadline);  // as if it never came
       case delivery_fault::delay: std::this_thread::sleep_for(std::chrono::milliseconds(300)); break;
@@ -154,7 +154,7 @@ inline source_decorator decorate_with(receiver_fault_plan plan) {
     };
     auto choice = [plan, receiver](const attempt_key& key, std::uint64_t ordinal) {
       return key.base_version == key.target_version ? delivery_fault::none
-                                                    : plan(key.attempt, receiver, ordinal);
+                                                    : plan(key.number, receiver, ordinal);
     };
     return std::make_unique<erased_source<wrapped>>(inner, choice);
   };
