@@ -87,12 +87,7 @@ class safetensors_header {
   /// Takes the parts as they are (the parser validated them); indexes the names.
   safetensors_header(std::uint64_t header_size, std::uint64_t buffer_size,
                      std::vector<safetensors_entry> tensors_in_offset_order,
-                     std::optional<safetensors_metadata> metadata)
-      : header_size_(header_size), buffer_size_(buffer_size),
-        tensors_(std::move(tensors_in_offset_order)), metadata_(std::move(metadata)) {
-    by_name_.reserve(tensors_.size());
-    for (std::size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
-  }
+                     std::optional<safetensors_metadata> metadata);
 
   /// N: bytes of JSON (padding included) after the 8-byte length.
   [[nodiscard]] std::uint64_t header_size() const noexcept { return header_size_; }
@@ -105,21 +100,11 @@ class safetensors_header {
   /// The tensors in offset order (as laid out in the buffer).
   [[nodiscard]] std::span<const safetensors_entry> tensors() const noexcept { return tensors_; }
   /// "__metadata__", if the header has one.
-  [[nodiscard]] const std::optional<safetensors_metadata>& metadata() const noexcept {
-    return metadata_;
-  }
+  [[nodiscard]] const std::optional<safetensors_metadata>& metadata() const noexcept;
   /// The tensor named `name`, or nullptr.
-  [[nodiscard]] const safetensors_entry* find(std::string_view name) const {
-    auto it = by_name_.find(std::string(name));
-    return it == by_name_.end() ? nullptr : &tensors_[it->second];
-  }
+  [[nodiscard]] const safetensors_entry* find(std::string_view name) const;
   /// The tensors as canonical tensors (name, dtype, shape), in offset order.
-  [[nodiscard]] std::vector<canonical_tensor> canonical_tensors() const {
-    std::vector<canonical_tensor> c;
-    c.reserve(tensors_.size());
-    for (const auto& t : tensors_) c.push_back(t.canonical());
-    return c;
-  }
+  [[nodiscard]] std::vector<canonical_tensor> canonical_tensors() const;
 
  private:
   std::uint64_t header_size_ = 0;
@@ -131,39 +116,12 @@ class safetensors_header {
 
 namespace detail {
 
-inline std::string quoted(std::string_view s) {
-  std::string q;
-  q.reserve(s.size() + 2);
-  q += '\'';
-  q += s;
-  q += '\'';
-  return q;
-}
+std::string quoted(std::string_view s);
 
 // `bytes` as a quoted string, non-printable bytes as \xNN (for naming what a file starts with).
-inline std::string printable(std::span<const std::byte> bytes) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s = "\"";
-  for (auto b : bytes) {
-    const auto c = static_cast<unsigned char>(b);
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
-      s += static_cast<char>(c);
-    } else {
-      s += "\\x";
-      s += digits[c >> 4];
-      s += digits[c & 15];
-    }
-  }
-  return s + "\"";
-}
+std::string printable(std::span<const std::byte> bytes);
 
-inline std::uint64_t json_u64(const nlohmann::json& v, bool& ok) {
-  if (!v.is_number_unsigned()) {
-    ok = false;
-    return 0;
-  }
-  return v.get<std::uint64_t>();
-}
+std::uint64_t json_u64(const nlohmann::json& v, bool& ok);
 
 }  // namespace detail
 
@@ -363,36 +321,19 @@ class safetensors_file {
   safetensors_file() = default;
 
   /// Maps and validates `path`. `populate` pre-faults the whole file (for whole-file passes).
-  static safetensors_file open(const std::filesystem::path& path, bool populate = false) {
-    safetensors_file f;
-    f.file_ = mapped_file::open_read(path, populate);
-    f.header_ = parse_safetensors(f.file_.bytes(), path.string());
-    return f;
-  }
+  static safetensors_file open(const std::filesystem::path& path, bool populate = false);
 
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return file_.path(); }
   [[nodiscard]] const safetensors_header& header() const noexcept { return header_; }
-  [[nodiscard]] std::span<const safetensors_entry> tensors() const noexcept {
-    return header_.tensors();
-  }
-  [[nodiscard]] const std::optional<safetensors_metadata>& metadata() const noexcept {
-    return header_.metadata();
-  }
-  [[nodiscard]] const safetensors_entry* find(std::string_view name) const {
-    return header_.find(name);
-  }
+  [[nodiscard]] std::span<const safetensors_entry> tensors() const noexcept;
+  [[nodiscard]] const std::optional<safetensors_metadata>& metadata() const noexcept;
+  [[nodiscard]] const safetensors_entry* find(std::string_view name) const;
   /// The whole file.
   [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return file_.bytes(); }
   /// The N header bytes (JSON and padding).
-  [[nodiscard]] std::string_view header_json() const noexcept {
-    return {reinterpret_cast<const char*>(file_.bytes().data() + 8),
-            static_cast<std::size_t>(header_.header_size())};
-  }
+  [[nodiscard]] std::string_view header_json() const noexcept;
   /// The bytes of tensor `t` (an entry of this file).
-  [[nodiscard]] std::span<const std::byte> data(const safetensors_entry& t) const noexcept {
-    return file_.bytes().subspan(static_cast<std::size_t>(header_.data_offset() + t.begin),
-                                 static_cast<std::size_t>(t.size()));
-  }
+  [[nodiscard]] std::span<const std::byte> data(const safetensors_entry& t) const noexcept;
 
  private:
   mapped_file file_;
@@ -470,21 +411,10 @@ struct safetensors_tensor {
 
 /// Writes a safetensors file at `path` atomically (temporary file beside it, fsync, rename,
 /// fsync of the directory): `path` holds either its old content or the whole new file.
-inline void write_safetensors(const std::filesystem::path& path,
+void write_safetensors(const std::filesystem::path& path,
                               std::span<const safetensors_tensor> tensors,
-                              const std::optional<safetensors_metadata>& metadata = std::nullopt) {
-  const std::string json = make_safetensors_header(tensors, metadata);
-  atomic_file out(path);
-  std::byte length[8];
-  dcr::detail::store_le<std::uint64_t>(length, json.size());
-  out.write_at(length, 0);
-  out.write_at(std::as_bytes(std::span<const char>(json)), 8);
-  std::uint64_t at = 8 + json.size();
-  for (const auto& t : tensors) {
-    out.write_at(t.data, at);
-    at += t.data.size();
-  }
-  out.commit();
-}
+                              const std::optional<safetensors_metadata>& metadata = std::nullopt);
 
 }  // namespace dcr::io
+
+#include "dcr/detail/io/safetensors.inl"

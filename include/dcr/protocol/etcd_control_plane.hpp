@@ -86,82 +86,17 @@ class etcd_control_plane {
   /// and required; PREFIX keeps its inner slashes and loses trailing ones ("/a/b/" -> "/a/b"),
   /// and must not be empty (`etcd://h:1/` is rejected, so a typo never selects the whole
   /// keyspace). Throws errc::invalid_argument naming the address and what is wrong.
-  static etcd_address parse_address(std::string_view address) {
-    const auto bad = [&](const std::string& why) -> etcd_address {
-      throw error(errc::invalid_argument,
-                  "etcd address '" + std::string(address) + "': " + why +
-                      " (expected etcd://HOST:PORT[/PREFIX])");
-    };
-    std::string_view rest = address;
-    std::string scheme;
-    if (rest.starts_with("etcd://")) {
-      scheme = "http://";
-      rest.remove_prefix(7);
-    } else if (rest.starts_with("etcds://")) {
-      scheme = "https://";
-      rest.remove_prefix(8);
-    } else {
-      return bad("not an etcd:// address");
-    }
-    const auto slash = rest.find('/');
-    const std::string_view authority = rest.substr(0, slash);
-    std::string_view path = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash);
-    std::size_t colon;
-    if (authority.starts_with('[')) {
-      const auto close = authority.find(']');
-      if (close == std::string_view::npos || close == 1) return bad("unterminated IPv6 host");
-      if (close + 1 >= authority.size() || authority[close + 1] != ':') return bad("no port");
-      colon = close + 1;
-    } else {
-      colon = authority.rfind(':');
-      if (colon == std::string_view::npos) return bad("no port");
-      if (colon == 0) return bad("no host");
-      const auto host = authority.substr(0, colon);
-      const bool host_ok = std::all_of(host.begin(), host.end(), [](char c) {
-        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-               c == '.' || c == '-' || c == '_';
-      });
-      if (!host_ok) return bad("bad host '" + std::string(host) + "'");
-    }
-    const auto port = authority.substr(colon + 1);
-    const bool digits = !port.empty() && port.size() <= 5 &&
-                        std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (!digits || std::stoi(std::string(port)) < 1 || std::stoi(std::string(port)) > 65535)
-      return bad("bad port '" + std::string(port) + "'");
-    std::string prefix = "/dcr";
-    if (!path.empty()) {
-      while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
-      if (path == "/") return bad("empty key prefix");
-      prefix = std::string(path);
-    }
-    return etcd_address{scheme + std::string(authority), std::move(prefix)};
-  }
+  static etcd_address parse_address(std::string_view address);
 
   /// A control plane at `endpoint`, an http:// or https:// URL of one etcd member's client
   /// port (e.g. "http://127.0.0.1:2379"; a trailing '/' is dropped). Connects lazily: an
   /// unreachable etcd is reported by the first operation. Throws errc::invalid_argument for an
   /// endpoint that is not such a URL or non-positive timeouts.
-  explicit etcd_control_plane(std::string endpoint, etcd_options options = {})
-      : endpoint_(std::move(endpoint)), options_(std::move(options)) {
-    while (endpoint_.ends_with('/')) endpoint_.pop_back();
-    shown_ = shown_endpoint(endpoint_);
-    DCR_EXPECTS(endpoint_.starts_with("http://") || endpoint_.starts_with("https://"),
-                errc::invalid_argument,
-                "etcd control plane: endpoint '" + shown_ + "' is not an http:// or https:// URL");
-    DCR_EXPECTS(options_.request_timeout.count() > 0 && options_.connect_timeout.count() > 0,
-                errc::invalid_argument, "etcd control plane '" + shown_ + "': timeouts must be > 0");
-    global_init();
-    handle_ = new_handle();
-    watch_handle_ = new_handle();
-  }
+  explicit etcd_control_plane(std::string endpoint, etcd_options options = {});
 
   /// A control plane at an etcd://HOST:PORT[/PREFIX] address (parse_address); the address's
   /// prefix replaces options.key_prefix.
-  static etcd_control_plane open(std::string_view address, etcd_options options = {}) {
-    auto a = parse_address(address);
-    options.key_prefix = std::move(a.key_prefix);
-    return etcd_control_plane(std::move(a.endpoint), std::move(options));
-  }
+  static etcd_control_plane open(std::string_view address, etcd_options options = {});
 
   etcd_control_plane(const etcd_control_plane&) = delete;
   etcd_control_plane& operator=(const etcd_control_plane&) = delete;
@@ -173,69 +108,20 @@ class etcd_control_plane {
 
   /// The record under `key` (without the prefix), or nullopt if absent. A leased record whose
   /// lease expired is absent once etcd has collected the lease (shortly after its TTL).
-  std::optional<control_record> get(const std::string& key) {
-    const std::string k = full(key);
-    const auto reply = call("get", k, "/v3/kv/range", {{"key", detail::base64_encode(k)}});
-    return decode("get", k, [&]() -> std::optional<control_record> {
-      const auto kvs = reply.find("kvs");
-      if (kvs == reply.end() || kvs->empty()) return std::nullopt;
-      return to_record(kvs->at(0));
-    });
-  }
+  std::optional<control_record> get(const std::string& key);
 
   /// Every record whose key starts with `prefix` (after the key prefix), sorted by key.
-  std::vector<control_record> list(const std::string& prefix) {
-    const std::string k = full(prefix);
-    const auto reply = call("list", k, "/v3/kv/range", range_body(k));
-    return decode("list", k, [&] {
-      std::vector<control_record> out;
-      if (const auto kvs = reply.find("kvs"); kvs != reply.end())
-        for (const auto& kv : *kvs) out.push_back(to_record(kv));
-      return out;  // etcd returns a range sorted by key; dropping a common prefix keeps it so
-    });
-  }
+  std::vector<control_record> list(const std::string& prefix);
 
   /// If every compare holds (the key's mod_revision equals `revision`, 0: the key is absent),
   /// applies every write in one etcd transaction and returns true; otherwise writes nothing and
   /// returns false. A put under an unknown or expired lease, a key written twice, or more
   /// writes than etcd's --max-txn-ops throw errc::invalid_argument. An empty `writes` changes
   /// nothing and does not advance the revision.
-  bool transact(std::span<const key_compare> compares, std::span<const key_write> writes) {
-    nlohmann::json cmp = nlohmann::json::array();
-    for (const auto& c : compares)
-      cmp.push_back({{"key", detail::base64_encode(full(c.key))},
-                     {"target", "MOD"},
-                     {"result", "EQUAL"},
-                     {"mod_revision", std::to_string(c.revision)}});
-    nlohmann::json ops = nlohmann::json::array();
-    for (const auto& w : writes) {
-      if (w.erase) {
-        ops.push_back({{"request_delete_range", {{"key", detail::base64_encode(full(w.key))}}}});
-      } else {
-        nlohmann::json put = {{"key", detail::base64_encode(full(w.key))},
-                              {"value", detail::base64_encode(w.value)}};
-        if (w.lease != 0) put["lease"] = std::to_string(w.lease);
-        ops.push_back({{"request_put", std::move(put)}});
-      }
-    }
-    const std::string k = full(!writes.empty()    ? writes.front().key
-                               : !compares.empty() ? compares.front().key
-                                                   : std::string());
-    const auto reply = call("transact", k, "/v3/kv/txn",
-                            {{"compare", std::move(cmp)}, {"success", std::move(ops)}});
-    return decode("transact", k, [&] {
-      const auto it = reply.find("succeeded");
-      return it != reply.end() && it->get<bool>();  // proto3 JSON omits false
-    });
-  }
+  bool transact(std::span<const key_compare> compares, std::span<const key_write> writes);
 
   /// etcd's current revision (cluster-wide, not per prefix).
-  std::int64_t revision() {
-    const std::string k = options_.key_prefix.empty() ? std::string(1, '\0') : options_.key_prefix;
-    const auto reply =
-        call("revision", k, "/v3/kv/range", {{"key", detail::base64_encode(k)}, {"count_only", true}});
-    return decode("revision", k, [&] { return header_revision(reply); });
-  }
+  std::int64_t revision();
 
   /// Watches the keys starting with `prefix` from revision `after` + 1 and returns as soon as
   /// etcd reports a change there (a put, a delete, a lease expiry, which etcd reports as a
@@ -245,74 +131,19 @@ class etcd_control_plane {
   /// when etcd did not even confirm the watch by then, returns revision() instead (so a frozen
   /// etcd throws control_plane_unavailable after the deadline plus request_timeout).
   std::int64_t wait_for_change(const std::string& prefix, std::int64_t after,
-                               protocol_clock::time_point deadline) {
-    const std::string k = full(prefix);
-    if (protocol_clock::now() >= deadline) return revision();
-    nlohmann::json create = range_body(k);
-    create["start_revision"] = std::to_string(after + 1);
-    const std::string body = nlohmann::json{{"create_request", std::move(create)}}.dump();
-
-    std::unique_lock lock(watch_mutex_, std::try_to_lock);
-    handle_ptr spare;
-    CURL* h = watch_handle_.get();
-    if (!lock.owns_lock()) {  // another thread is waiting on the shared watch handle
-      spare = new_handle();
-      h = spare.get();
-    }
-    watch_state st;
-    st.after = after;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - protocol_clock::now());
-    const long left_ms = std::max<long>(1, static_cast<long>(left.count()));
-    const long http = perform(h, "/v3/watch", body, &watch_state::on_data, &st, left_ms,
-                              std::min<long>(left_ms, static_cast<long>(options_.connect_timeout.count())));
-    if (st.failure) {  // an etcd error, or a stream we could not read
-      if (st.failure->grpc_code >= 0) fail_grpc("wait_for_change", k, *st.failure);
-      unavailable("wait_for_change", k, st.failure->message);
-    }
-    if (st.changed) return std::max(st.observed, after + 1);
-    if (st.stopped) return st.observed > 0 ? st.observed : revision();  // watch canceled
-    if (st.curl_code == CURLE_OPERATION_TIMEDOUT)
-      return st.created ? st.observed : revision();  // the deadline
-    if (st.curl_code != CURLE_OK) unavailable("wait_for_change", k, st.curl_message);
-    if (http >= 300) unavailable("wait_for_change", k, "HTTP " + std::to_string(http));
-    return st.observed > 0 ? st.observed : revision();  // etcd closed the stream
-  }
+                               protocol_clock::time_point deadline);
 
   /// A new lease of `ttl` (> 0); etcd raises a ttl below its minimum (see above) to that
   /// minimum. Records written under it vanish once it is neither kept alive nor revoked.
-  lease_id grant_lease(std::chrono::seconds ttl) {
-    DCR_EXPECTS(ttl.count() > 0, errc::invalid_argument,
-                "etcd control plane '" + shown_ + "': grant_lease: ttl must be > 0 s");
-    const auto reply = call("grant_lease", "-", "/v3/lease/grant", {{"TTL", ttl.count()}, {"ID", 0}});
-    return decode("grant_lease", "-", [&] {
-      const lease_id id = to_i64(reply, "ID");
-      if (id == 0) throw std::invalid_argument("no lease ID in the reply");
-      return id;
-    });
-  }
+  lease_id grant_lease(std::chrono::seconds ttl);
 
   /// Renews `lease` for its full TTL; false if etcd no longer knows it (expired or revoked:
   /// its records are gone, or about to be).
-  bool keep_alive(lease_id lease) {
-    if (lease == 0) return false;
-    const std::string what = std::to_string(lease);
-    const auto reply = call("keep_alive", what, "/v3/lease/keepalive", {{"ID", what}});
-    return decode("keep_alive", what, [&] {
-      // A streaming call: the gateway wraps the reply in "result"; an unknown lease comes
-      // back with TTL 0, which proto3 JSON leaves out.
-      const auto r = reply.find("result");
-      return to_i64(r != reply.end() ? *r : reply, "TTL") > 0;
-    });
-  }
+  bool keep_alive(lease_id lease);
 
   /// Ends `lease` now; etcd erases its records in the same step. An unknown (expired or
   /// already revoked) lease is not an error.
-  void revoke(lease_id lease) {
-    if (lease == 0) return;
-    const std::string what = std::to_string(lease);
-    call("revoke", what, "/v3/lease/revoke", {{"ID", what}}, /*not_found_ok=*/true);
-  }
+  void revoke(lease_id lease);
 
  private:
   struct handle_deleter {
@@ -388,166 +219,39 @@ class etcd_control_plane {
     }
   };
 
-  static void global_init() {
-    // Once per process, before any handle; not thread-safe itself, hence the static.
-    [[maybe_unused]] static const bool done = [] {
-      if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-        throw error(errc::control_plane_unavailable, "etcd control plane: libcurl failed to initialize");
-      return true;
-    }();
-  }
+  static void global_init();
 
-  handle_ptr new_handle() const {
-    handle_ptr h(curl_easy_init());
-    DCR_EXPECTS(h != nullptr, errc::control_plane_unavailable,
-                "etcd control plane '" + shown_ + "': libcurl could not make a handle");
-    return h;
-  }
+  handle_ptr new_handle() const;
 
   // The endpoint for messages: without any user:password@.
-  static std::string shown_endpoint(const std::string& e) {
-    const auto scheme = e.find("://");
-    const auto start = scheme == std::string::npos ? 0 : scheme + 3;
-    const auto at = e.find('@', start);
-    const auto slash = e.find('/', start);
-    if (at == std::string::npos || (slash != std::string::npos && at > slash)) return e;
-    return e.substr(0, start) + e.substr(at + 1);
-  }
+  static std::string shown_endpoint(const std::string& e);
 
   std::string full(const std::string& key) const { return options_.key_prefix + key; }
 
   // Range body covering every key that starts with `k` (all keys if `k` is empty).
-  static nlohmann::json range_body(const std::string& k) {
-    if (k.empty())
-      return {{"key", detail::base64_encode(std::string(1, '\0'))},
-              {"range_end", detail::base64_encode(std::string(1, '\0'))}};
-    std::string end = k;
-    while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();
-    if (end.empty()) {
-      end.assign(1, '\0');  // `k` is all 0xff bytes: every key from `k` on
-    } else {
-      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
-    }
-    return {{"key", detail::base64_encode(k)}, {"range_end", detail::base64_encode(end)}};
-  }
+  static nlohmann::json range_body(const std::string& k);
 
   // The end of the JSON value starting at or after `at` in `s` (after leading whitespace), or
   // npos if it is not complete yet. Tracks nesting and strings only; parsing comes later.
-  static std::size_t json_value_end(const std::string& s, std::size_t at) {
-    while (at < s.size() && (s[at] == ' ' || s[at] == '\n' || s[at] == '\r' || s[at] == '\t')) ++at;
-    if (at == s.size()) return std::string::npos;
-    int depth = 0;
-    bool in_string = false;
-    for (std::size_t i = at; i < s.size(); ++i) {
-      const char c = s[i];
-      if (in_string) {
-        if (c == '\\') {
-          ++i;
-        } else if (c == '"') {
-          in_string = false;
-        }
-      } else if (c == '"') {
-        in_string = true;
-      } else if (c == '{' || c == '[') {
-        ++depth;
-      } else if (c == '}' || c == ']') {
-        if (--depth <= 0) return i + 1;
-      } else if (depth == 0) {
-        return i + 1;  // a stray scalar: hand it to the parser, which rejects it
-      }
-    }
-    return std::string::npos;
-  }
+  static std::size_t json_value_end(const std::string& s, std::size_t at);
 
   // An int64 field of proto3 JSON (a decimal string, or a number); 0 when left out.
-  static std::int64_t to_i64(const nlohmann::json& j, const char* field) {
-    const auto it = j.find(field);
-    if (it == j.end() || it->is_null()) return 0;
-    if (it->is_number_integer()) return it->get<std::int64_t>();
-    const auto& s = it->get_ref<const std::string&>();
-    std::size_t used = 0;
-    const std::int64_t v = std::stoll(s, &used);
-    if (used != s.size()) throw std::invalid_argument("bad integer '" + s + "' in " + field);
-    return v;
-  }
+  static std::int64_t to_i64(const nlohmann::json& j, const char* field);
 
-  static std::int64_t header_revision(const nlohmann::json& reply, bool required = true) {
-    const auto h = reply.find("header");
-    if (h == reply.end()) {
-      if (required) throw std::invalid_argument("no header in the reply");
-      return 0;
-    }
-    const std::int64_t r = to_i64(*h, "revision");
-    if (required && r <= 0) throw std::invalid_argument("no revision in the reply header");
-    return r;
-  }
+  static std::int64_t header_revision(const nlohmann::json& reply, bool required = true);
 
   // The error in an etcd reply, if it is one. Unary calls answer {"error": "...", "code": N,
   // "message": "..."}; streams answer {"error": {"grpc_code": N, "message": "...", ...}}.
-  static std::optional<etcd_failure> etcd_error(const nlohmann::json& reply) {
-    if (!reply.is_object()) return std::nullopt;
-    const auto e = reply.find("error");
-    if (e == reply.end()) return std::nullopt;
-    if (e->is_object()) {
-      return etcd_failure{e->value("grpc_code", 2), e->value("message", std::string("(no message)"))};
-    }
-    if (e->is_string() && e->get_ref<const std::string&>().empty()) return std::nullopt;
-    std::string message = reply.value("message", std::string());
-    if (message.empty() && e->is_string()) message = e->get<std::string>();
-    return etcd_failure{reply.value("code", 2), message.empty() ? "(no message)" : message};
-  }
+  static std::optional<etcd_failure> etcd_error(const nlohmann::json& reply);
 
   [[noreturn]] void unavailable(std::string_view op, const std::string& key,
-                                const std::string& why) const {
-    throw error(errc::control_plane_unavailable,
-                "etcd control plane '" + shown_ + "': " + std::string(op) + " '" + printable(key) +
-                    "': " + why);
-  }
+                                const std::string& why) const;
 
   [[noreturn]] void fail_grpc(std::string_view op, const std::string& key,
-                              const etcd_failure& f) const {
-    errc code = errc::invalid_argument;
-    switch (f.grpc_code) {
-      case 1:   // Canceled
-      case 4:   // DeadlineExceeded (e.g. "request timed out", no leader)
-      case 8:   // ResourceExhausted ("too many requests", "database space exceeded"), but
-        // a request over the gateway's gRPC message limit is the caller's to fix
-        if (f.message.find("larger than max") == std::string::npos)
-          code = errc::control_plane_unavailable;
-        break;
-      case 10:  // Aborted
-      case 13:  // Internal
-      case 14:  // Unavailable ("no leader", "leader changed")
-      case 15:  // DataLoss (corruption)
-        code = errc::control_plane_unavailable;
-        break;
-      case 11:  // OutOfRange (a compacted or future revision)
-        code = errc::out_of_range;
-        break;
-      default:
-        break;
-    }
-    throw error(code, "etcd control plane '" + shown_ + "': " + std::string(op) + " '" +
-                          printable(key) + "': etcd error (gRPC code " +
-                          std::to_string(f.grpc_code) + "): " + f.message);
-  }
+                              const etcd_failure& f) const;
 
   // Keys are bytes; messages show control characters as \xNN.
-  static std::string printable(const std::string& key) {
-    static constexpr char hex[] = "0123456789abcdef";
-    std::string out;
-    for (const char ch : key) {
-      const auto c = static_cast<unsigned char>(ch);
-      if (c < 0x20 || c == 0x7f) {
-        out += "\\x";
-        out += hex[c >> 4];
-        out += hex[c & 15];
-      } else {
-        out += static_cast<char>(c);
-      }
-    }
-    return out;
-  }
+  static std::string printable(const std::string& key);
 
   // Runs `f` over a reply already checked for errors; a reply of the wrong shape means we are
   // not talking to the etcd we expect: unavailable.
@@ -610,52 +314,9 @@ class etcd_control_plane {
   // control_plane_unavailable for transport failures, HTTP 5xx and unreadable replies, and the
   // mapped code for an etcd error (NotFound ignored, giving an empty object, if `not_found_ok`).
   nlohmann::json call(std::string_view op, const std::string& key, const char* path,
-                      const nlohmann::json& body, bool not_found_ok = false) {
-    const std::string text = body.dump();
-    unary_state st;
-    long status = 0;
-    {
-      std::lock_guard lock(mutex_);
-      status = perform(handle_.get(), path, text, &unary_state::on_data, &st,
-                       static_cast<long>(options_.request_timeout.count()),
-                       static_cast<long>(options_.connect_timeout.count()));
-    }
-    if (st.curl_code != CURLE_OK) unavailable(op, key, st.curl_message);
-    nlohmann::json reply;
-    std::string parse_error;
-    try {
-      // Streaming calls (keepalive) may send several values; the first is the reply.
-      const auto end = json_value_end(st.body, 0);
-      reply = nlohmann::json::parse(end == std::string::npos ? std::string_view(st.body)
-                                                             : std::string_view(st.body).substr(0, end));
-    } catch (const std::exception& e) {
-      parse_error = e.what();
-    }
-    const auto failure = parse_error.empty() ? etcd_error(reply) : std::nullopt;
-    if (status >= 500)
-      unavailable(op, key, "HTTP " + std::to_string(status) +
-                               (failure ? ": " + failure->message : std::string()));
-    if (failure) {
-      if (not_found_ok && failure->grpc_code == 5) return nlohmann::json::object();
-      fail_grpc(op, key, *failure);
-    }
-    if (!parse_error.empty() || !reply.is_object() || status != 200)
-      unavailable(op, key, "not an etcd v3 reply (HTTP " + std::to_string(status) + "): " +
-                               printable(st.body.substr(0, 120)));
-    return reply;
-  }
+                      const nlohmann::json& body, bool not_found_ok = false);
 
-  control_record to_record(const nlohmann::json& kv) const {
-    const auto key = detail::base64_decode(kv.at("key").get_ref<const std::string&>());
-    const auto vit = kv.find("value");  // proto3 JSON leaves out an empty value
-    const auto value = vit == kv.end() ? std::optional<std::string>(std::string())
-                                       : detail::base64_decode(vit->get_ref<const std::string&>());
-    if (!key || !value) throw std::invalid_argument("a key or value that is not base64");
-    if (!key->starts_with(options_.key_prefix))
-      throw std::invalid_argument("a key outside the prefix");
-    return control_record{key->substr(options_.key_prefix.size()), *value, to_i64(kv, "mod_revision"),
-                          to_i64(kv, "lease")};
-  }
+  control_record to_record(const nlohmann::json& kv) const;
 
   std::string endpoint_;
   std::string shown_;  // endpoint_ without credentials, for messages
@@ -669,3 +330,5 @@ class etcd_control_plane {
 static_assert(control_plane<etcd_control_plane>);
 
 }  // namespace dcr
+
+#include "dcr/detail/protocol/etcd_control_plane.inl"

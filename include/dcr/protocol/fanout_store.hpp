@@ -71,35 +71,14 @@ class directory_claims {
   };
 
   /// Claims in `dir`, created if needed. Throws errc::transport_failure naming it otherwise.
-  explicit directory_claims(std::filesystem::path dir) : dir_(std::move(dir)) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    DCR_EXPECTS(!ec, errc::transport_failure,
-                "directory_claims: cannot create '" + dir_.string() + "': " + ec.message());
-  }
+  explicit directory_claims(std::filesystem::path dir);
 
   /// Claims `id` if no one holds it; an empty claim if someone does. Throws
   /// errc::transport_failure naming the file if it cannot be opened or locked.
-  claim try_claim(const payload_id& id) const {
-    const auto path = dir_ / to_string(id);
-    io::file_descriptor fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-    DCR_EXPECTS(fd.valid(), errc::transport_failure,
-                "directory_claims: cannot open '" + path.string() + "': " + std::strerror(errno));
-    if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) return claim(std::move(fd));
-    DCR_EXPECTS(errno == EWOULDBLOCK, errc::transport_failure,
-                "directory_claims: cannot lock '" + path.string() + "': " + std::strerror(errno));
-    return {};
-  }
+  claim try_claim(const payload_id& id) const;
 
   /// Removes the claim files of transitions whose target is <= `version`.
-  void erase_through(std::uint64_t version) const {
-    std::error_code ec;
-    for (auto it = std::filesystem::directory_iterator(dir_, ec); !ec && it != std::filesystem::directory_iterator();
-         it.increment(ec)) {
-      const auto id = parse_payload_id(it->path().filename().string());
-      if (id && id->attempt.target_version <= version) std::filesystem::remove(it->path(), ec);
-    }
-  }
+  void erase_through(std::uint64_t version) const;
 
   [[nodiscard]] const std::filesystem::path& directory() const noexcept { return dir_; }
 
@@ -138,69 +117,22 @@ class fanout_store {
   using payload_store_concept = payload_store_tag;
 
   /// A view for node `options.node`. Throws errc::invalid_argument if node >= nodes.
-  fanout_store(Remote& remote, Local& local, directory_claims& claims, fanout_options options)
-      : remote_(&remote), local_(&local), claims_(&claims), options_(options) {
-    DCR_EXPECTS(options_.nodes >= 1 && options_.node < options_.nodes, errc::invalid_argument,
-                "fanout_store: node " + std::to_string(options_.node) + " is not one of " +
-                    std::to_string(options_.nodes) + " nodes");
-  }
+  fanout_store(Remote& remote, Local& local, directory_claims& claims, fanout_options options);
 
   void put(const payload_id& id, std::span<const std::byte> bytes) { remote_->put(id, bytes); }
-  void put_manifest(const attempt_key& key, std::uint32_t owner, std::span<const payload_id> ids) {
-    remote_->put_manifest(key, owner, ids);
-  }
+  void put_manifest(const attempt_key& key, std::uint32_t owner, std::span<const payload_id> ids);
   std::vector<owner_listing> list(const attempt_key& key) const { return remote_->list(key); }
 
-  get_status get(const payload_id& id, std::vector<std::byte>& out) const {
-    if (local_->get(id, out) == get_status::found) {
-      ++local_hits_;
-      forget(id);
-      return get_status::found;
-    }
-    const bool mine = share_of(id, options_.nodes) == options_.node;
-    if (!mine && !overdue(id)) return get_status::absent;
-    const auto claim = claims_->try_claim(id);
-    if (!claim.held()) return get_status::absent;  // another node is downloading it
-    // Forwarded between our local miss and the claim?
-    if (local_->get(id, out) == get_status::found) {
-      ++local_hits_;
-      forget(id);
-      return get_status::found;
-    }
-    if (remote_->get(id, out) == get_status::absent) return get_status::absent;
-    local_->put(id, out);
-    ++remote_gets_;
-    remote_bytes_ += out.size();
-    if (!mine) ++takeovers_;
-    forget(id);
-    return get_status::found;
-  }
+  get_status get(const payload_id& id, std::vector<std::byte>& out) const;
 
-  void erase_through(std::uint64_t version) {
-    remote_->erase_through(version);
-    local_->erase_through(version);
-    claims_->erase_through(version);
-    std::lock_guard lock(mutex_);
-    std::erase_if(first_asked_, [&](const auto& kv) { return kv.first.attempt.target_version <= version; });
-  }
+  void erase_through(std::uint64_t version);
 
-  [[nodiscard]] fanout_stats stats() const {
-    return {local_hits_.load(), remote_gets_.load(), remote_bytes_.load(), takeovers_.load()};
-  }
+  [[nodiscard]] fanout_stats stats() const;
 
  private:
   // True once `id` was first asked for here at least takeover_after ago.
-  bool overdue(const payload_id& id) const {
-    const auto now = protocol_clock::now();
-    std::lock_guard lock(mutex_);
-    if (first_asked_.size() > 65536) first_asked_.clear();  // bounded; at worst a later takeover
-    const auto [it, inserted] = first_asked_.try_emplace(id, now);
-    return !inserted && now - it->second >= options_.takeover_after;
-  }
-  void forget(const payload_id& id) const {
-    std::lock_guard lock(mutex_);
-    first_asked_.erase(id);
-  }
+  bool overdue(const payload_id& id) const;
+  void forget(const payload_id& id) const;
 
   Remote* remote_;
   Local* local_;
@@ -212,3 +144,5 @@ class fanout_store {
 };
 
 }  // namespace dcr
+
+#include "dcr/detail/protocol/fanout_store.inl"

@@ -149,9 +149,7 @@ struct receiver_ack {
 struct protocol_keys {
   std::string prefix = "/dcr";
   [[nodiscard]] std::string commit() const { return prefix + "/commit"; }
-  [[nodiscard]] std::string history(std::uint64_t v) const {
-    return prefix + "/history/" + std::to_string(v);
-  }
+  [[nodiscard]] std::string history(std::uint64_t v) const;
   [[nodiscard]] std::string history_prefix() const { return prefix + "/history/"; }
   [[nodiscard]] std::string attempt() const { return prefix + "/attempt"; }
   [[nodiscard]] std::string membership() const { return prefix + "/membership"; }
@@ -159,18 +157,10 @@ struct protocol_keys {
   [[nodiscard]] std::string receiver(const std::string& name) const { return receivers() + name; }
   [[nodiscard]] std::string owners() const { return prefix + "/owners/"; }
   [[nodiscard]] std::string owner(std::uint32_t id) const { return owners() + std::to_string(id); }
-  [[nodiscard]] std::string reports(const attempt_key& k) const {
-    return prefix + "/reports/" + to_string(k) + "/";
-  }
-  [[nodiscard]] std::string report(const attempt_key& k, std::uint32_t owner) const {
-    return reports(k) + std::to_string(owner);
-  }
-  [[nodiscard]] std::string acks(const attempt_key& k) const {
-    return prefix + "/acks/" + to_string(k) + "/";
-  }
-  [[nodiscard]] std::string ack(const attempt_key& k, const std::string& name) const {
-    return acks(k) + name;
-  }
+  [[nodiscard]] std::string reports(const attempt_key& k) const;
+  [[nodiscard]] std::string report(const attempt_key& k, std::uint32_t owner) const;
+  [[nodiscard]] std::string acks(const attempt_key& k) const;
+  [[nodiscard]] std::string ack(const attempt_key& k, const std::string& name) const;
   /// Everything under the prefix (a waiter that cares about any protocol change).
   [[nodiscard]] std::string all() const { return prefix + "/"; }
 };
@@ -241,3 +231,5 @@ Record decode_record(const std::string& key, const std::string& text) {
 }
 
 }  // namespace dcr
+
+#include "dcr/detail/protocol/records.inl"

@@ -87,14 +87,7 @@ struct relay_tls {
 /// Who a peer says it is in its hello.
 enum class relay_role : std::uint8_t { owner = 1, root = 2, node = 3 };
 
-inline const char* relay_role_name(relay_role r) {
-  switch (r) {
-    case relay_role::owner: return "owner";
-    case relay_role::root: return "root";
-    case relay_role::node: return "node";
-  }
-  return "unknown peer";
-}
+const char* relay_role_name(relay_role r);
 
 enum class relay_frame : std::uint8_t {
   hello = 1,
@@ -155,37 +148,17 @@ using frame_ptr = std::shared_ptr<const buffer>;
 /// Builds one frame: header, then fields appended in order.
 class writer {
  public:
-  explicit writer(relay_frame type, std::size_t reserve = 64) {
-    bytes_.reserve(header_bytes + reserve);
-    bytes_.assign(header_bytes, std::byte{0});  // reserved fields zero (resize would leave them)
-    bytes_[0] = static_cast<std::byte>(type);
-  }
+  explicit writer(relay_frame type, std::size_t reserve = 64);
   writer& u8(std::uint8_t v) { return raw(&v, 1); }
   writer& u16(std::uint16_t v) { return le(v); }
   writer& u32(std::uint32_t v) { return le(v); }
   writer& u64(std::uint64_t v) { return le(v); }
-  writer& str(std::string_view s) {
-    DCR_EXPECTS(s.size() <= 0xffff, errc::overflow, "relay: string field longer than 65535 bytes");
-    u16(static_cast<std::uint16_t>(s.size()));
-    return raw(s.data(), s.size());
-  }
+  writer& str(std::string_view s);
   writer& key(const attempt_key& k) { return u64(k.base_version).u64(k.target_version).u32(k.number); }
-  writer& id(const payload_id& p) {
-    return key(p.attempt).u32(p.owner).u32(p.sequence);
-  }
-  writer& raw(const void* p, std::size_t n) {
-    const auto* b = static_cast<const std::byte*>(p);
-    bytes_.insert(bytes_.end(), b, b + n);
-    return *this;
-  }
+  writer& id(const payload_id& p);
+  writer& raw(const void* p, std::size_t n);
   /// The finished frame (the header's length filled in).
-  frame_ptr done() {
-    const auto body = bytes_.size() - header_bytes;
-    DCR_EXPECTS(body <= max_body_bytes, errc::overflow, "relay: frame body too large");
-    const auto n = static_cast<std::uint32_t>(body);
-    for (int i = 0; i < 4; ++i) bytes_[4 + i] = static_cast<std::byte>(n >> (8 * i));
-    return std::make_shared<const buffer>(std::move(bytes_));
-  }
+  frame_ptr done();
 
  private:
   template <class T>
@@ -206,41 +179,15 @@ class reader {
   std::uint16_t u16() { return le<std::uint16_t>(); }
   std::uint32_t u32() { return le<std::uint32_t>(); }
   std::uint64_t u64() { return le<std::uint64_t>(); }
-  std::string str() {
-    const auto n = u16();
-    const auto s = take(n);
-    return {reinterpret_cast<const char*>(s.data()), s.size()};
-  }
-  attempt_key key() {
-    attempt_key k;
-    k.base_version = u64();
-    k.target_version = u64();
-    k.number = u32();
-    return k;
-  }
-  payload_id id() {
-    const auto k = key();
-    payload_id p{k, 0, 0};
-    p.owner = u32();
-    p.sequence = u32();
-    return p;
-  }
+  std::string str();
+  attempt_key key();
+  payload_id id();
   std::span<const std::byte> rest() { return take(body_.size() - at_); }
   /// The body must be fully read.
-  void end() const {
-    DCR_EXPECTS(at_ == body_.size(), errc::corrupt_payload,
-                "relay: " + std::to_string(body_.size() - at_) + " unexpected bytes after frame type " +
-                    std::to_string(static_cast<int>(type_)));
-  }
+  void end() const;
 
  private:
-  std::span<const std::byte> take(std::size_t n) {
-    DCR_EXPECTS(n <= body_.size() - at_, errc::corrupt_payload,
-                "relay: frame type " + std::to_string(static_cast<int>(type_)) + " truncated");
-    auto s = body_.subspan(at_, n);
-    at_ += n;
-    return s;
-  }
+  std::span<const std::byte> take(std::size_t n);
   template <class T>
   T le() {
     const auto s = take(sizeof(T));
@@ -253,76 +200,26 @@ class reader {
   std::size_t at_ = 0;
 };
 
-inline frame_ptr hello_frame(const relay_hello& h) {
-  return writer(relay_frame::hello)
-      .u32(magic)
-      .u16(version)
-      .u8(static_cast<std::uint8_t>(h.role))
-      .u8(0)
-      .u64(h.window)
-      .str(h.name)
-      .done();
-}
+frame_ptr hello_frame(const relay_hello& h);
 
-inline relay_hello parse_hello(std::span<const std::byte> body) {
-  reader r(body, relay_frame::hello);
-  DCR_EXPECTS(r.u32() == magic, errc::corrupt_payload, "relay: not a dcr relay peer (bad hello magic)");
-  const auto v = r.u16();
-  DCR_EXPECTS(v == version, errc::unsupported_version,
-              "relay: peer speaks relay protocol version " + std::to_string(v) + ", this side " +
-                  std::to_string(version));
-  relay_hello h;
-  const auto role = r.u8();
-  DCR_EXPECTS(role >= 1 && role <= 3, errc::corrupt_payload, "relay: unknown role in hello");
-  h.role = static_cast<relay_role>(role);
-  DCR_EXPECTS(r.u8() == 0, errc::reserved_bits_set, "relay: reserved hello field set");
-  h.window = r.u64();
-  h.name = r.str();
-  r.end();
-  return h;
-}
+relay_hello parse_hello(std::span<const std::byte> body);
 
 inline frame_ptr credit_frame(std::uint64_t bytes) { return writer(relay_frame::credit).u64(bytes).done(); }
 
-inline frame_ptr ack_frame(relay_subject what, const payload_id& id) {
-  return writer(relay_frame::ack).u8(static_cast<std::uint8_t>(what)).id(id).done();
-}
+frame_ptr ack_frame(relay_subject what, const payload_id& id);
 
-inline frame_ptr nack_frame(relay_subject what, const payload_id& id, std::string_view reason) {
-  return writer(relay_frame::nack, 64 + reason.size())
-      .u8(static_cast<std::uint8_t>(what))
-      .id(id)
-      .str(reason.substr(0, 4000))
-      .done();
-}
+frame_ptr nack_frame(relay_subject what, const payload_id& id, std::string_view reason);
 
-inline frame_ptr attempt_frame(const attempt_key& key, std::span<const std::string> receivers) {
-  writer w(relay_frame::attempt);
-  w.key(key).u32(static_cast<std::uint32_t>(receivers.size()));
-  for (const auto& r : receivers) w.str(r);
-  return w.done();
-}
+frame_ptr attempt_frame(const attempt_key& key, std::span<const std::string> receivers);
 
-inline frame_ptr receivers_frame(std::span<const std::string> names) {
-  writer w(relay_frame::receivers);
-  w.u32(static_cast<std::uint32_t>(names.size()));
-  for (const auto& n : names) w.str(n);
-  return w.done();
-}
+frame_ptr receivers_frame(std::span<const std::string> names);
 
-inline frame_ptr manifest_frame(const attempt_key& key, std::uint32_t owner,
-                                std::span<const payload_id> ids) {
-  writer w(relay_frame::manifest, 24 + 4 * ids.size());
-  w.key(key).u32(owner).u32(static_cast<std::uint32_t>(ids.size()));
-  for (const auto& id : ids) w.u32(id.sequence);
-  return w.done();
-}
+frame_ptr manifest_frame(const attempt_key& key, std::uint32_t owner,
+                                std::span<const payload_id> ids);
 
 /// A chunk frame: the header of a chunk and its data.
-inline frame_ptr chunk_frame(const payload_id& id, std::uint64_t total, std::uint64_t offset,
-                             std::span<const std::byte> data) {
-  return writer(relay_frame::chunk, 48 + data.size()).id(id).u64(total).u64(offset).raw(data.data(), data.size()).done();
-}
+frame_ptr chunk_frame(const payload_id& id, std::uint64_t total, std::uint64_t offset,
+                             std::span<const std::byte> data);
 
 /// A parsed chunk frame (data points into the frame).
 struct chunk_view {
@@ -331,18 +228,7 @@ struct chunk_view {
   std::span<const std::byte> data;
 };
 
-inline chunk_view parse_chunk(std::span<const std::byte> body) {
-  reader r(body, relay_frame::chunk);
-  chunk_view c;
-  c.id = r.id();
-  c.total = r.u64();
-  c.offset = r.u64();
-  c.data = r.rest();
-  DCR_EXPECTS(c.offset <= c.total && c.data.size() <= c.total - c.offset, errc::corrupt_payload,
-              "relay: chunk of payload (owner " + std::to_string(c.id.owner) + ", sequence " +
-                  std::to_string(c.id.sequence) + ") lies outside its payload");
-  return c;
-}
+chunk_view parse_chunk(std::span<const std::byte> body);
 
 /// Whether attempt `a` comes after attempt `b`. Attempts of one transition (base version v)
 /// are numbered together, restores (v -> v) and refits (v -> v+1) alike, so the order is by base
@@ -365,60 +251,18 @@ using tcp = asio::ip::tcp;
 using tls_stream = asio::ssl::stream<tcp::socket>;
 
 /// "ADDRESS:PORT" of a connected socket's far end ("unknown peer" if it is gone).
-inline std::string remote_text(const tcp::socket& s) {
-  asio::error_code ec;
-  const auto ep = s.remote_endpoint(ec);
-  if (ec) return "unknown peer";
-  return ep.address().to_string() + ":" + std::to_string(ep.port());
-}
+std::string remote_text(const tcp::socket& s);
 
 /// OpenSSL's certificate verification result, when it failed ("" otherwise).
-inline std::string verify_failure(tls_stream& s) {
-  const long r = SSL_get_verify_result(s.native_handle());
-  if (r == X509_V_OK) return {};
-  return X509_verify_cert_error_string(r);
-}
+std::string verify_failure(tls_stream& s);
 
 /// The common name of the peer's certificate ("" without one).
-inline std::string peer_common_name(tls_stream& s) {
-  X509* cert = SSL_get1_peer_certificate(s.native_handle());
-  if (cert == nullptr) return {};
-  char buf[256] = {};
-  X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, buf, sizeof buf - 1);
-  X509_free(cert);
-  return buf;
-}
+std::string peer_common_name(tls_stream& s);
 
 /// A TLS context for one side of relay connections: the CA as the only trust anchor, this
 /// peer's certificate and key, TLS >= 1.2, peer verification (servers demand a certificate).
 /// Throws errc::invalid_argument naming the file that cannot be used.
-inline asio::ssl::context make_context(const relay_tls& tls, bool server) {
-  asio::ssl::context ctx(server ? asio::ssl::context::tls_server : asio::ssl::context::tls_client);
-  SSL_CTX_set_min_proto_version(ctx.native_handle(), TLS1_2_VERSION);
-  ctx.set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_compression);
-  auto use = [&](const char* what, const std::filesystem::path& file, auto&& f) {
-    asio::error_code ec;
-    f(ec);
-    DCR_EXPECTS(!ec, errc::invalid_argument,
-                std::string("relay TLS: cannot use ") + what + " '" + file.string() + "': " + ec.message());
-  };
-  DCR_EXPECTS(!tls.ca_file.empty(), errc::invalid_argument,
-              "relay TLS: no CA file (the deployment's CA certificate) given");
-  use("CA file", tls.ca_file, [&](asio::error_code& ec) { ctx.load_verify_file(tls.ca_file.string(), ec); });
-  if (!tls.cert_file.empty()) {
-    use("certificate", tls.cert_file,
-        [&](asio::error_code& ec) { ctx.use_certificate_chain_file(tls.cert_file.string(), ec); });
-    use("private key", tls.key_file, [&](asio::error_code& ec) {
-      ctx.use_private_key_file(tls.key_file.string(), asio::ssl::context::pem, ec);
-    });
-    DCR_EXPECTS(SSL_CTX_check_private_key(ctx.native_handle()) == 1, errc::invalid_argument,
-                "relay TLS: private key '" + tls.key_file.string() + "' does not match certificate '" +
-                    tls.cert_file.string() + "'");
-  }
-  ctx.set_verify_mode(server ? asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert
-                             : asio::ssl::verify_peer);
-  return ctx;
-}
+asio::ssl::context make_context(const relay_tls& tls, bool server);
 
 }  // namespace relay_detail
 
@@ -439,37 +283,13 @@ class relay_link : public std::enable_shared_from_this<relay_link> {
         peer_cn_(std::move(peer_cn)) {}
 
   /// Starts reading; handlers run on the io thread.
-  void start(frame_handler on_frame, close_handler on_close) {
-    on_frame_ = std::move(on_frame);
-    on_close_ = std::move(on_close);
-    read_header();
-  }
+  void start(frame_handler on_frame, close_handler on_close);
 
   /// Queues a frame (io thread only). Ignored once closed.
-  void send(frame_ptr frame) {
-    if (closed_) return;
-    queued_bytes_ += frame->size();
-    out_.push_back(std::move(frame));
-    if (!writing_) write_some();
-  }
+  void send(frame_ptr frame);
 
   /// Ends the connection (io thread only): the socket is closed at once; on_close runs once.
-  void close(const std::string& reason) {
-    if (closed_) return;
-    closed_ = true;
-    reason_ = reason;
-    asio::error_code ec;
-    stream_.lowest_layer().close(ec);
-    out_.clear();
-    queued_bytes_ = 0;
-    if (on_close_) {
-      asio::post(stream_.get_executor(), [self = shared_from_this()] {
-        if (self->on_close_) self->on_close_(self->reason_);
-        self->on_close_ = nullptr;
-        self->on_frame_ = nullptr;
-      });
-    }
-  }
+  void close(const std::string& reason);
 
   [[nodiscard]] bool closed() const noexcept { return closed_; }
   /// The far end's address ("127.0.0.1:5001").
@@ -484,65 +304,10 @@ class relay_link : public std::enable_shared_from_this<relay_link> {
   [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
 
  private:
-  void read_header() {
-    asio::async_read(stream_, asio::buffer(header_),
-                     [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
-                       if (ec) return self->fail("reading from", ec);
-                       self->read_body();
-                     });
-  }
-  void read_body() {
-    const auto type = static_cast<relay_frame>(header_[0]);
-    std::uint32_t n = 0;
-    for (int i = 0; i < 4; ++i) n |= static_cast<std::uint32_t>(header_[4 + i]) << (8 * i);
-    if (header_[1] != 0 || header_[2] != 0 || header_[3] != 0)
-      return close("malformed frame from " + peer_ + " (reserved header bits set)");
-    if (n > relay_wire::max_body_bytes)
-      return close("malformed frame from " + peer_ + " (body of " + std::to_string(n) + " bytes)");
-    auto frame = std::make_shared<relay_wire::buffer>(relay_wire::header_bytes + n);
-    std::memcpy(frame->data(), header_.data(), relay_wire::header_bytes);
-    auto* body = frame->data() + relay_wire::header_bytes;
-    asio::async_read(stream_, asio::buffer(body, n),
-                     [self = shared_from_this(), frame, type](const asio::error_code& ec, std::size_t) {
-                       if (ec) return self->fail("reading from", ec);
-                       if (self->closed_) return;
-                       try {
-                         if (self->on_frame_) self->on_frame_(type, frame);
-                       } catch (const std::exception& e) {
-                         return self->close("bad frame from " + self->peer_ + ": " + e.what());
-                       }
-                       if (!self->closed_) self->read_header();
-                     });
-  }
-  void write_some() {
-    if (out_.empty() || closed_) return;
-    writing_ = true;
-    batch_.clear();
-    std::size_t n = 0, bytes = 0;
-    for (const auto& f : out_) {
-      if (n == 16 || (n > 0 && bytes + f->size() > (std::size_t{4} << 20))) break;
-      batch_.emplace_back(f->data(), f->size());
-      bytes += f->size();
-      ++n;
-    }
-    asio::async_write(stream_, batch_,
-                      [self = shared_from_this(), n, bytes](const asio::error_code& ec, std::size_t) {
-                        self->writing_ = false;
-                        if (ec) return self->fail("writing to", ec);
-                        if (self->closed_) return;
-                        for (std::size_t i = 0; i < n; ++i) self->out_.pop_front();
-                        self->queued_bytes_ -= bytes;
-                        self->written_ += bytes;
-                        self->write_some();
-                      });
-  }
-  void fail(const char* op, const asio::error_code& ec) {
-    if (closed_) return;
-    if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated || ec == asio::error::connection_reset)
-      close("connection closed by " + peer_ + (ec == asio::error::connection_reset ? " (reset)" : ""));
-    else
-      close(std::string(op) + " " + peer_ + " failed: " + ec.message());
-  }
+  void read_header();
+  void read_body();
+  void write_some();
+  void fail(const char* op, const asio::error_code& ec);
 
   relay_detail::tls_stream stream_;
   std::string peer_;
@@ -577,69 +342,15 @@ class establishing : public std::enable_shared_from_this<establishing> {
 
   /// Client side: connect to `to` (a `what`, e.g. "root"), handshake, send the hello, read the
   /// server's.
-  void dial(const relay_endpoint& to, std::string what, std::optional<relay_role> expect) {
-    server_ = false;
-    peer_ = to.text();
-    what_ = std::move(what);
-    expect_ = expect;
-    arm();
-    auto resolver = std::make_shared<tcp::resolver>(stream_.get_executor());
-    resolver->async_resolve(
-        to.host, std::to_string(to.port),
-        [self = shared_from_this(), resolver](const asio::error_code& ec, tcp::resolver::results_type r) {
-          if (ec) return self->finish("cannot resolve " + self->what_ + " " + self->peer_ + ": " + ec.message(), true);
-          asio::async_connect(self->socket(), r, [self](const asio::error_code& ec2, const tcp::endpoint&) {
-            if (ec2) return self->finish("cannot connect to " + self->what_ + " " + self->peer_ + ": " + self->why(ec2), true);
-            asio::error_code ignored;
-            self->socket().set_option(tcp::no_delay(true), ignored);
-            self->stream_.async_handshake(asio::ssl::stream_base::client, [self](const asio::error_code& ec3) {
-              if (ec3) {
-                const auto v = verify_failure(self->stream_);
-                return self->finish("TLS handshake with " + self->what_ + " " + self->peer_ + " failed: " +
-                                    self->why(ec3) +
-                                    (v.empty() ? "" : " (" + v + ": its certificate is not signed by this "
-                                                      "deployment's CA)"));
-              }
-              self->send_hello([self] { self->read_hello(); });
-            });
-          });
-        });
-  }
+  void dial(const relay_endpoint& to, std::string what, std::optional<relay_role> expect);
 
   /// Server side, on an accepted socket: handshake, read the client's hello, check its role,
   /// answer with ours. `where` names the server ("relay root 127.0.0.1:5001").
-  void accept(std::string where, std::vector<relay_role> accepted) {
-    server_ = true;
-    peer_ = remote_text(socket());
-    what_ = std::move(where);
-    accepted_ = std::move(accepted);
-    asio::error_code ignored;
-    socket().set_option(tcp::no_delay(true), ignored);
-    arm();
-    stream_.async_handshake(asio::ssl::stream_base::server, [self = shared_from_this()](const asio::error_code& ec) {
-      if (ec) {
-        const auto v = verify_failure(self->stream_);
-        return self->finish(self->what_ + ": refused peer " + self->peer_ + ": TLS handshake failed: " +
-                            self->why(ec) + (v.empty() ? "" : " (" + v + ")"));
-      }
-      self->read_hello();
-    });
-  }
+  void accept(std::string where, std::vector<relay_role> accepted);
 
  private:
-  std::string why(const asio::error_code& ec) const {
-    if (timed_out_) return "timed out after " + std::to_string(timeout_.count()) + " ms";
-    return ec.message();
-  }
-  void arm() {
-    timer_.expires_after(timeout_);
-    timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
-      if (ec || self->finished_) return;
-      self->timed_out_ = true;
-      asio::error_code ignored;
-      self->socket().close(ignored);
-    });
-  }
+  std::string why(const asio::error_code& ec) const;
+  void arm();
   template <class Next>
   void send_hello(Next next) {
     hello_out_ = relay_wire::hello_frame(mine_);
@@ -648,61 +359,10 @@ class establishing : public std::enable_shared_from_this<establishing> {
       next();
     });
   }
-  std::string refused_text(const asio::error_code& ec) const {
-    if (server_) return what_ + ": peer " + peer_ + " went away during the hello: " + why(ec);
-    // TLS 1.3: the server's verdict on our certificate arrives as an alert on the first read.
-    return what_ + " " + peer_ + " refused this peer after the TLS handshake: " + why(ec) +
-           " (is this peer's certificate signed by the deployment's CA?)";
-  }
-  void read_hello() {
-    asio::async_read(stream_, asio::buffer(header_), [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
-      if (ec) return self->finish(self->refused_text(ec));
-      std::uint32_t n = 0;
-      for (int i = 0; i < 4; ++i) n |= static_cast<std::uint32_t>(self->header_[4 + i]) << (8 * i);
-      if (static_cast<relay_frame>(self->header_[0]) != relay_frame::hello || n > 4096)
-        return self->finish(self->what_ + (self->server_ ? ": refused peer " : " ") + self->peer_ +
-                            ": the first frame is not a relay hello");
-      self->body_.resize(n);
-      asio::async_read(self->stream_, asio::buffer(self->body_), [self](const asio::error_code& ec2, std::size_t) {
-        if (ec2) return self->finish(self->refused_text(ec2));
-        relay_hello theirs;
-        try {
-          theirs = relay_wire::parse_hello(self->body_);
-        } catch (const error& e) {
-          return self->finish(self->what_ + (self->server_ ? ": refused peer " : " ") + self->peer_ + ": " + e.what());
-        }
-        if (self->server_) {
-          if (std::find(self->accepted_.begin(), self->accepted_.end(), theirs.role) == self->accepted_.end())
-            return self->finish(self->what_ + ": refused peer " + self->peer_ + ": it says it is a " +
-                                relay_role_name(theirs.role) + ", which does not connect here");
-          self->theirs_ = std::move(theirs);
-          self->send_hello([self] { self->succeed(); });
-        } else {
-          if (self->expect_ && theirs.role != *self->expect_)
-            return self->finish(self->what_ + " " + self->peer_ + " is a " + relay_role_name(theirs.role) +
-                                ", not a " + relay_role_name(*self->expect_));
-          self->theirs_ = std::move(theirs);
-          self->succeed();
-        }
-      });
-    });
-  }
-  void succeed() {
-    if (finished_) return;
-    finished_ = true;
-    timer_.cancel();
-    auto cn = peer_common_name(stream_);
-    auto link = std::make_shared<relay_link>(std::move(stream_), peer_, theirs_, std::move(cn));
-    done_(std::move(link), {}, false);
-  }
-  void finish(const std::string& err, bool unreachable = false) {
-    if (finished_) return;
-    finished_ = true;
-    timer_.cancel();
-    asio::error_code ignored;
-    socket().close(ignored);
-    done_(nullptr, err, unreachable);
-  }
+  std::string refused_text(const asio::error_code& ec) const;
+  void read_hello();
+  void succeed();
+  void finish(const std::string& err, bool unreachable = false);
 
   tls_stream stream_;
   asio::steady_timer timer_;
@@ -727,46 +387,16 @@ class listener {
 
   listener(asio::io_context& io, asio::ssl::context& ctx, const relay_endpoint& at, std::string what,
            std::vector<relay_role> accepted, relay_hello mine, std::chrono::milliseconds timeout,
-           link_handler on_link, refusal_handler on_refused)
-      : io_(&io), ctx_(&ctx), acceptor_(io), accepted_(std::move(accepted)), mine_(std::move(mine)),
-        timeout_(timeout), on_link_(std::move(on_link)), on_refused_(std::move(on_refused)) {
-    asio::error_code ec;
-    tcp::resolver resolver(io);
-    auto results = resolver.resolve(at.host, std::to_string(at.port), ec);
-    DCR_EXPECTS(!ec && !results.empty(), errc::transport_failure,
-                what + ": cannot resolve listening address " + at.text() + ": " + ec.message());
-    const tcp::endpoint ep = *results.begin();
-    acceptor_.open(ep.protocol(), ec);
-    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(ep, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    DCR_EXPECTS(!ec, errc::transport_failure, what + ": cannot listen on " + at.text() + ": " + ec.message());
-    bound_ = relay_endpoint{ep.address().to_string(), acceptor_.local_endpoint().port()};
-    what_ = what + " " + bound_.text();
-  }
+           link_handler on_link, refusal_handler on_refused);
 
   void start() { accept_next(); }
-  void close() {
-    asio::error_code ec;
-    acceptor_.close(ec);
-  }
+  void close();
   /// Where it listens (the actual port when asked for port 0).
   [[nodiscard]] const relay_endpoint& endpoint() const noexcept { return bound_; }
   [[nodiscard]] const std::string& what() const noexcept { return what_; }
 
  private:
-  void accept_next() {
-    auto e = std::make_shared<establishing>(*io_, *ctx_, mine_, timeout_,
-                                            [this](std::shared_ptr<relay_link> link, const std::string& err, bool) {
-                                              if (link) on_link_(std::move(link));
-                                              else on_refused_(err);
-                                            });
-    acceptor_.async_accept(e->socket(), [this, e](const asio::error_code& ec) {
-      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-      if (!ec) e->accept(what_, accepted_);
-      accept_next();
-    });
-  }
+  void accept_next();
 
   asio::io_context* io_;
   asio::ssl::context* ctx_;
@@ -802,13 +432,7 @@ class io_thread {
   }
 
   /// Runs `last` on the io thread, then stops it and joins (idempotent).
-  void stop(std::function<void()> last) {
-    if (!thread_.joinable()) return;
-    if (last) call([&] { last(); });
-    work_.reset();
-    io_.stop();
-    thread_.join();
-  }
+  void stop(std::function<void()> last);
 
  private:
   asio::io_context io_;
@@ -818,3 +442,5 @@ class io_thread {
 
 }  // namespace relay_detail
 }  // namespace dcr
+
+#include "dcr/detail/protocol/relay_link.inl"

@@ -97,11 +97,7 @@ struct s3_credentials {
 };
 
 /// The region from AWS_REGION, else AWS_DEFAULT_REGION, else "us-east-1".
-inline std::string s3_region_from_environment() {
-  for (const char* name : {"AWS_REGION", "AWS_DEFAULT_REGION"})
-    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return v;
-  return "us-east-1";
-}
+std::string s3_region_from_environment();
 
 /// How the bucket is named in a request.
 enum class s3_addressing {
@@ -126,37 +122,7 @@ struct s3_location {
 /// and gains one trailing '/' ("s3://b/runs/x" -> prefix "runs/x/"), and may not hold empty
 /// segments ("a//b"), "." or ".." segments or control characters. Throws errc::invalid_argument
 /// naming the URL and what is wrong.
-inline s3_location parse_s3_url(std::string_view url) {
-  const auto bad = [&](const std::string& why) -> s3_location {
-    throw error(errc::invalid_argument,
-                "S3 URL '" + std::string(url) + "': " + why + " (expected s3://BUCKET[/PREFIX])");
-  };
-  if (!url.starts_with("s3://")) return bad("not an s3:// URL");
-  std::string_view rest = url.substr(5);
-  const auto slash = rest.find('/');
-  const std::string_view bucket = rest.substr(0, slash);
-  if (bucket.size() < 3 || bucket.size() > 63) return bad("the bucket name must have 3 to 63 characters");
-  const auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
-  if (!std::all_of(bucket.begin(), bucket.end(), [&](char c) { return alnum(c) || c == '.' || c == '-'; }) ||
-      !alnum(bucket.front()) || !alnum(bucket.back()))
-    return bad("bad bucket name '" + std::string(bucket) + "' (a-z, 0-9, '.', '-')");
-  s3_location out{std::string(bucket), {}};
-  if (slash == std::string_view::npos) return out;
-  std::string_view prefix = rest.substr(slash + 1);
-  while (prefix.ends_with('/')) prefix.remove_suffix(1);
-  if (prefix.empty()) return out;
-  for (std::size_t at = 0; at <= prefix.size();) {
-    const auto end = std::min(prefix.find('/', at), prefix.size());
-    const auto segment = prefix.substr(at, end - at);
-    if (segment.empty()) return bad("empty segment in the prefix");
-    if (segment == "." || segment == "..") return bad("'" + std::string(segment) + "' segment in the prefix");
-    at = end + 1;
-  }
-  if (std::any_of(prefix.begin(), prefix.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
-    return bad("control character in the prefix");
-  out.prefix = std::string(prefix) + "/";
-  return out;
-}
+s3_location parse_s3_url(std::string_view url);
 
 /// How an s3_payload_store reaches its bucket.
 struct s3_options {
@@ -233,126 +199,25 @@ class s3_payload_store {
   /// One ListObjectsV2 of the prefix (one key at most): throws errc::transport_failure as any
   /// request would when the endpoint, the bucket or the credentials are wrong (a wrong secret:
   /// HTTP 403 SignatureDoesNotMatch), before anything is written.
-  void check_access() const {
-    auto q = list_query(options_.prefix, "", 1);
-    list_page(q, options_.prefix);
-  }
+  void check_access() const;
 
-  void put(const payload_id& id, std::span<const std::byte> bytes) {
-    const std::string key = payload_key(id);
-    if (!options_.conditional_writes && exists(key)) return require_equal(key, bytes);
-    const bool created = bytes.size() > options_.multipart_threshold ? put_multipart(key, bytes)
-                                                                     : put_single(key, bytes);
-    if (!created) return require_equal(key, bytes);
-    ++stats_.objects_put;
-    stats_.bytes_put += bytes.size();
-  }
+  void put(const payload_id& id, std::span<const std::byte> bytes);
 
-  void put_manifest(const attempt_key& key, std::uint32_t owner, std::span<const payload_id> ids) {
-    const std::string object = owner_prefix(key, owner) + "manifest";
-    std::vector<std::uint32_t> present;
-    if (!ids.empty())
-      for (const auto& entry : list_all(owner_prefix(key, owner)))
-        if (const auto p = parse_owner_entry(entry.key.substr(attempt_prefix(key).size())); p && !p->manifest)
-          present.push_back(p->sequence);
-    std::sort(present.begin(), present.end());
-    for (const auto& id : ids)
-      DCR_EXPECTS(id.attempt == key && id.owner == owner &&
-                      std::binary_search(present.begin(), present.end(), id.sequence),
-                  errc::transport_failure,
-                  "s3_payload_store: manifest " + client_.where(object) +
-                      " lists a payload that was not put for its attempt");
-    const std::string text = detail::manifest_text(ids);
-    client_.call(put_request(object, std::as_bytes(std::span(text)), false));
-  }
+  void put_manifest(const attempt_key& key, std::uint32_t owner, std::span<const payload_id> ids);
 
-  std::vector<owner_listing> list(const attempt_key& key) const {
-    const std::string prefix = attempt_prefix(key);
-    std::map<std::uint32_t, owner_listing> by_owner;
-    std::map<std::uint32_t, std::string> manifest_etags;
-    for (const auto& entry : list_all(prefix)) {
-      const auto p = parse_owner_entry(std::string_view(entry.key).substr(prefix.size()));
-      if (!p) continue;
-      auto& l = by_owner[p->owner];
-      l.owner = p->owner;
-      if (p->manifest) {
-        manifest_etags[p->owner] = entry.etag;
-      } else {
-        l.ids.push_back(payload_id{key, p->owner, p->sequence});
-      }
-    }
-    for (const auto& [owner, etag] : manifest_etags)
-      if (auto ids = read_manifest(key, owner, etag)) by_owner[owner] = {owner, std::move(*ids), true};
-    std::vector<owner_listing> out;
-    for (auto& [owner, l] : by_owner) {
-      std::sort(l.ids.begin(), l.ids.end());
-      out.push_back(std::move(l));
-    }
-    return out;
-  }
+  std::vector<owner_listing> list(const attempt_key& key) const;
 
-  get_status get(const payload_id& id, std::vector<std::byte>& out) const {
-    detail::s3::request r;
-    r.method = "GET";
-    r.key = payload_key(id);
-    r.into = &out;
-    const auto resp = client_.call(r, {404});
-    if (missing(resp, r)) {
-      out.clear();
-      return get_status::absent;
-    }
-    ++stats_.objects_got;
-    stats_.bytes_got += out.size();
-    return get_status::found;
-  }
+  get_status get(const payload_id& id, std::vector<std::byte>& out) const;
 
-  void erase_through(std::uint64_t version) {
-    std::vector<std::string> doomed;  // attempt prefixes
-    std::string token;
-    do {
-      auto q = list_query(options_.prefix, token, options_.list_page_size);
-      q.emplace_back("delimiter", "/");
-      const auto page = list_page(q, options_.prefix);
-      for (const auto& p : page.common_prefixes) {
-        const auto key = attempt_directory(std::string_view(p).substr(options_.prefix.size()));
-        if (key && key->target_version <= version) doomed.push_back(p);
-      }
-      token = page.next_token;
-    } while (!token.empty());
-    abort_uploads_through(version);
-    for (const auto& t : doomed) {
-      std::vector<std::string> keys;
-      for (auto& entry : list_all(t)) keys.push_back(std::move(entry.key));
-      // Manifests first: a listing that races the erase never sees a complete owner whose
-      // payloads are already gone.
-      std::stable_partition(keys.begin(), keys.end(), [](const std::string& k) { return k.ends_with("/manifest"); });
-      delete_all(keys);
-    }
-    std::lock_guard lock(cache_mutex_);
-    std::erase_if(manifest_cache_, [&](const auto& kv) { return kv.first.first.target_version <= version; });
-  }
+  void erase_through(std::uint64_t version);
 
   /// What this store did since construction.
-  [[nodiscard]] s3_store_stats stats() const {
-    s3_store_stats s;
-    s.objects_put = stats_.objects_put.load();
-    s.bytes_put = stats_.bytes_put.load();
-    s.multipart_uploads = stats_.multipart_uploads.load();
-    s.objects_got = stats_.objects_got.load();
-    s.bytes_got = stats_.bytes_got.load();
-    s.list_requests = stats_.list_requests.load();
-    s.objects_deleted = stats_.objects_deleted.load();
-    return s;
-  }
+  [[nodiscard]] s3_store_stats stats() const;
 
   /// The key of payload `id`'s object (for other clients and tests).
-  [[nodiscard]] std::string payload_key(const payload_id& id) const {
-    return owner_prefix(id.attempt, id.owner) + "p" + std::to_string(id.sequence);
-  }
+  [[nodiscard]] std::string payload_key(const payload_id& id) const;
   /// The key of `owner`'s manifest object for `key`.
-  [[nodiscard]] std::string manifest_key(const attempt_key& key, std::uint32_t owner) const {
-    return owner_prefix(key, owner) + "manifest";
-  }
+  [[nodiscard]] std::string manifest_key(const attempt_key& key, std::uint32_t owner) const;
 
  private:
   struct listed_object {
@@ -374,344 +239,59 @@ class s3_payload_store {
         bytes_got{0}, list_requests{0}, objects_deleted{0};
   };
 
-  static detail::s3::client_config config_of(const s3_options& o) {
-    detail::s3::client_config c;
-    const auto bad = [&](const std::string& why) -> detail::s3::client_config {
-      throw error(errc::invalid_argument, "s3_payload_store: " + why);
-    };
-    std::string endpoint = o.endpoint.empty() ? "https://s3." + o.region + ".amazonaws.com" : o.endpoint;
-    while (endpoint.ends_with('/')) endpoint.pop_back();
-    const auto scheme_end = endpoint.find("://");
-    if (scheme_end == std::string::npos) return bad("endpoint '" + endpoint + "' is not an http:// or https:// URL");
-    c.scheme = endpoint.substr(0, scheme_end);
-    c.authority = endpoint.substr(scheme_end + 3);
-    if (c.scheme != "http" && c.scheme != "https")
-      return bad("endpoint '" + endpoint + "' is not an http:// or https:// URL");
-    if (c.authority.find('@') != std::string::npos)
-      return bad("the endpoint must not hold credentials (give them as s3_options::credentials)");
-    if (c.authority.empty() || c.authority.find_first_of("/?#") != std::string::npos)
-      return bad("endpoint '" + endpoint + "' must be scheme://host[:port], without a path");
-    if (o.bucket.empty()) return bad("no bucket");
-    if (!o.prefix.empty() && !o.prefix.ends_with('/')) return bad("prefix '" + o.prefix + "' must end in '/'");
-    if (o.part_size == 0 || o.list_page_size == 0 || o.parallel_deletes == 0 || o.max_retries < 0)
-      return bad("part_size, list_page_size and parallel_deletes must be > 0, max_retries >= 0");
-    if (o.credentials.access_key_id.empty() || o.credentials.secret_access_key.empty())
-      return bad("no credentials (an access key id and a secret access key)");
-    c.bucket = o.bucket;
-    c.virtual_host = o.addressing == s3_addressing::virtual_host;
-    if (c.virtual_host) {
-      const std::string host = c.authority.substr(0, c.authority.rfind(':') == std::string::npos ||
-                                                             c.authority.front() == '['
-                                                         ? c.authority.size()
-                                                         : c.authority.rfind(':'));
-      const bool ip = host.front() == '[' || std::all_of(host.begin(), host.end(), [](char ch) {
-                        return (ch >= '0' && ch <= '9') || ch == '.';
-                      });
-      if (ip) return bad("virtual-host addressing needs a host name in the endpoint, not '" + host + "'");
-    }
-    c.region = o.region;
-    c.access_key_id = o.credentials.access_key_id;
-    c.secret_access_key = o.credentials.secret_access_key;
-    c.session_token = o.credentials.session_token;
-    c.sign_payload = o.payload_hash == s3_payload_hash::sha256;
-    c.connect_timeout_ms = static_cast<long>(o.connect_timeout.count());
-    c.request_timeout_ms = static_cast<long>(o.request_timeout.count());
-    c.stall_timeout_s = static_cast<long>(o.stall_timeout.count());
-    c.max_retries = o.max_retries;
-    c.backoff_initial = o.backoff_initial;
-    c.backoff_max = o.backoff_max;
-    return c;
-  }
+  static detail::s3::client_config config_of(const s3_options& o);
 
   // ---- keys
 
-  [[nodiscard]] std::string attempt_prefix(const attempt_key& key) const {
-    return options_.prefix + to_string(key) + "/";
-  }
-  [[nodiscard]] std::string owner_prefix(const attempt_key& key, std::uint32_t owner) const {
-    return attempt_prefix(key) + "o" + std::to_string(owner) + "/";
-  }
+  [[nodiscard]] std::string attempt_prefix(const attempt_key& key) const;
+  [[nodiscard]] std::string owner_prefix(const attempt_key& key, std::uint32_t owner) const;
 
   // "o<owner>/p<sequence>" or "o<owner>/manifest" (relative to the attempt's prefix).
-  static std::optional<owner_entry> parse_owner_entry(std::string_view rest) {
-    const auto owner = detail::take_number(rest, "o", UINT32_MAX);
-    if (!owner || !rest.starts_with('/')) return std::nullopt;
-    rest.remove_prefix(1);
-    if (rest == "manifest") return owner_entry{static_cast<std::uint32_t>(*owner), true, 0};
-    const auto seq = detail::take_number(rest, "p", UINT32_MAX);
-    if (!seq || !rest.empty()) return std::nullopt;
-    return owner_entry{static_cast<std::uint32_t>(*owner), false, static_cast<std::uint32_t>(*seq)};
-  }
+  static std::optional<owner_entry> parse_owner_entry(std::string_view rest);
   // "<attempt>/" (relative to the store's prefix): the attempt.
-  static std::optional<attempt_key> attempt_directory(std::string_view rest) {
-    if (!rest.ends_with('/')) return std::nullopt;
-    return parse_attempt_key(rest.substr(0, rest.size() - 1));
-  }
+  static std::optional<attempt_key> attempt_directory(std::string_view rest);
 
   // ---- requests
 
   detail::s3::request put_request(const std::string& key, std::span<const std::byte> body,
-                                  bool if_none_match) const {
-    detail::s3::request r;
-    r.method = "PUT";
-    r.key = key;
-    r.body = body;
-    r.headers.push_back("Content-Type: application/octet-stream");
-    if (if_none_match) r.headers.push_back("If-None-Match: *");
-    return r;
-  }
+                                  bool if_none_match) const;
 
   // True if the object was written, false if S3 refused because it exists (412).
-  bool put_single(const std::string& key, std::span<const std::byte> bytes) {
-    const auto resp = client_.call(put_request(key, bytes, options_.conditional_writes), {412});
-    return resp.status != 412;
-  }
+  bool put_single(const std::string& key, std::span<const std::byte> bytes);
 
   // A multipart upload, aborted if anything fails. True if written, false if it exists.
-  bool put_multipart(const std::string& key, std::span<const std::byte> bytes) {
-    // An existing object is found before any part goes up (a retry after a lost reply).
-    if (options_.conditional_writes && exists(key)) return false;
-    detail::s3::request init;
-    init.method = "POST";
-    init.key = key;
-    init.query = {{"uploads", ""}};
-    init.headers.push_back("Content-Type: application/octet-stream");
-    const auto started = client_.call(init);
-    std::string upload_id;
-    try {
-      upload_id = detail::s3::first_text(started.text, "UploadId").value_or("");
-    } catch (const std::invalid_argument& e) {
-      throw error(errc::transport_failure, "S3 POST " + client_.where(key) +
-                                               "?uploads: unreadable InitiateMultipartUpload reply: " + e.what());
-    }
-    DCR_EXPECTS(!upload_id.empty(), errc::transport_failure,
-                "S3 POST " + client_.where(key) + "?uploads: no UploadId in the reply");
-    try {
-      std::size_t part = options_.part_size;
-      const std::size_t max_parts = 10000;
-      if ((bytes.size() + part - 1) / part > max_parts) part = (bytes.size() + max_parts - 1) / max_parts;
-      std::string complete = "<CompleteMultipartUpload>";
-      std::size_t number = 1;
-      for (std::size_t at = 0; at < bytes.size(); at += part, ++number) {
-        detail::s3::request r;
-        r.method = "PUT";
-        r.key = key;
-        r.query = {{"partNumber", std::to_string(number)}, {"uploadId", upload_id}};
-        r.body = bytes.subspan(at, std::min(part, bytes.size() - at));
-        const auto resp = client_.call(r);
-        DCR_EXPECTS(!resp.etag.empty(), errc::transport_failure,
-                    "S3 PUT " + client_.where(key) + " part " + std::to_string(number) + ": no ETag in the reply");
-        complete += "<Part><PartNumber>" + std::to_string(number) + "</PartNumber><ETag>" +
-                    detail::s3::escape(resp.etag) + "</ETag></Part>";
-      }
-      complete += "</CompleteMultipartUpload>";
-      detail::s3::request done;
-      done.method = "POST";
-      done.key = key;
-      done.query = {{"uploadId", upload_id}};
-      done.body = std::as_bytes(std::span(complete));
-      done.headers.push_back("Content-Type: application/xml");
-      if (options_.conditional_writes) done.headers.push_back("If-None-Match: *");
-      // 404 NoSuchUpload after a retry: an earlier try completed it (its reply was lost); 412:
-      // the object appeared meanwhile. Either way the bytes there decide (require_equal).
-      const auto resp = client_.call(done, {404, 412});
-      if (resp.status == 404 && resp.attempts == 1) {
-        throw error(errc::transport_failure, "S3 POST " + client_.where(key) +
-                                                 " (complete multipart upload): HTTP 404 " + resp.error_code +
-                                                 ": " + resp.error_message);
-      }
-      if (resp.status == 412 || resp.status == 404) {
-        abort_upload(key, upload_id);
-        return false;
-      }
-    } catch (...) {
-      abort_upload(key, upload_id);
-      throw;
-    }
-    ++stats_.multipart_uploads;
-    return true;
-  }
+  bool put_multipart(const std::string& key, std::span<const std::byte> bytes);
 
-  void abort_upload(const std::string& key, const std::string& upload_id) noexcept {
-    try {
-      detail::s3::request r;
-      r.method = "DELETE";
-      r.key = key;
-      r.query = {{"uploadId", upload_id}};
-      client_.call(r, {404});
-    } catch (const std::exception&) {
-      // best effort: erase_through aborts what is left under erased transitions
-    }
-  }
+  void abort_upload(const std::string& key, const std::string& upload_id) noexcept;
 
   // Aborts the incomplete multipart uploads of transitions whose target is <= `version` (an
   // upload in progress has no object yet, so the listing of objects does not find it).
-  void abort_uploads_through(std::uint64_t version) {
-    std::string key_marker, upload_marker;
-    for (;;) {
-      detail::s3::request r;
-      r.method = "GET";
-      r.subject = options_.prefix + " (ListMultipartUploads)";
-      r.query = {{"uploads", ""}, {"prefix", options_.prefix}};
-      if (!key_marker.empty()) r.query.emplace_back("key-marker", key_marker);
-      if (!upload_marker.empty()) r.query.emplace_back("upload-id-marker", upload_marker);
-      const auto resp = client_.call(r);
-      std::vector<std::pair<std::string, std::string>> uploads;
-      bool truncated = false;
-      try {
-        for (const auto upload : detail::s3::elements(resp.text, "Upload"))
-          uploads.emplace_back(detail::s3::first_text(upload, "Key").value_or(""),
-                               detail::s3::first_text(upload, "UploadId").value_or(""));
-        truncated = detail::s3::first_text(resp.text, "IsTruncated").value_or("false") == "true";
-        key_marker = detail::s3::first_text(resp.text, "NextKeyMarker").value_or("");
-        upload_marker = detail::s3::first_text(resp.text, "NextUploadIdMarker").value_or("");
-      } catch (const std::invalid_argument& e) {
-        throw error(errc::transport_failure, "S3 GET " + client_.where(r.subject) + ": unreadable reply: " + e.what());
-      }
-      for (const auto& [key, id] : uploads) {
-        if (!key.starts_with(options_.prefix) || id.empty()) continue;
-        const std::string_view rest = std::string_view(key).substr(options_.prefix.size());
-        const auto slash = rest.find('/');
-        if (slash == std::string_view::npos) continue;
-        const auto attempt = attempt_directory(rest.substr(0, slash + 1));
-        if (attempt && attempt->target_version <= version) abort_upload(key, id);
-      }
-      if (!truncated || (key_marker.empty() && upload_marker.empty())) return;
-    }
-  }
+  void abort_uploads_through(std::uint64_t version);
 
   // Whether a GET answered that the object is not there: 404 NoSuchKey. A 404 for the bucket
   // (NoSuchBucket) is no absent payload but a wrong bucket: it throws.
-  bool missing(const detail::s3::response& resp, const detail::s3::request& r) const {
-    if (resp.status != 404) return false;
-    DCR_EXPECTS(resp.error_code != "NoSuchBucket", errc::transport_failure,
-                "S3 " + std::string(r.method) + " " + client_.where(r.key) + ": HTTP 404 NoSuchBucket: " +
-                    resp.error_message);
-    return true;
-  }
+  bool missing(const detail::s3::response& resp, const detail::s3::request& r) const;
 
-  [[nodiscard]] bool exists(const std::string& key) const {
-    detail::s3::request r;
-    r.method = "HEAD";
-    r.key = key;
-    return client_.call(r, {404}).status != 404;
-  }
+  [[nodiscard]] bool exists(const std::string& key) const;
 
   // The object at `key` exists: its bytes must be `bytes`.
-  void require_equal(const std::string& key, std::span<const std::byte> bytes) const {
-    std::vector<std::byte> have;
-    detail::s3::request r;
-    r.method = "GET";
-    r.key = key;
-    r.into = &have;
-    const auto resp = client_.call(r, {404});
-    DCR_EXPECTS(!missing(resp, r), errc::transport_failure,
-                "s3_payload_store: " + client_.where(key) + " vanished while put again (erased meanwhile?)");
-    DCR_EXPECTS(std::equal(bytes.begin(), bytes.end(), have.begin(), have.end()), errc::transport_failure,
-                "s3_payload_store: " + client_.where(key) + " put again with other bytes");
-  }
+  void require_equal(const std::string& key, std::span<const std::byte> bytes) const;
 
   [[nodiscard]] std::vector<std::pair<std::string, std::string>> list_query(const std::string& prefix,
                                                                             const std::string& token,
-                                                                            std::size_t max_keys) const {
-    std::vector<std::pair<std::string, std::string>> q{
-        {"list-type", "2"}, {"prefix", prefix}, {"max-keys", std::to_string(max_keys)}};
-    if (!token.empty()) q.emplace_back("continuation-token", token);
-    return q;
-  }
+                                                                            std::size_t max_keys) const;
 
   list_result list_page(const std::vector<std::pair<std::string, std::string>>& query,
-                        const std::string& prefix) const {
-    detail::s3::request r;
-    r.method = "GET";
-    r.subject = prefix + " (ListObjectsV2)";
-    r.query = query;
-    const auto resp = client_.call(r);
-    ++stats_.list_requests;
-    list_result out;
-    try {
-      for (const auto c : detail::s3::elements(resp.text, "Contents"))
-        out.objects.push_back({detail::s3::first_text(c, "Key").value_or(""),
-                               detail::s3::first_text(c, "ETag").value_or("")});
-      for (const auto c : detail::s3::elements(resp.text, "CommonPrefixes"))
-        out.common_prefixes.push_back(detail::s3::first_text(c, "Prefix").value_or(""));
-      if (detail::s3::first_text(resp.text, "IsTruncated").value_or("false") == "true") {
-        out.next_token = detail::s3::first_text(resp.text, "NextContinuationToken").value_or("");
-        if (out.next_token.empty()) throw std::invalid_argument("truncated without a NextContinuationToken");
-      }
-    } catch (const std::invalid_argument& e) {
-      throw error(errc::transport_failure, "S3 GET " + client_.where(r.subject) + ": unreadable reply: " + e.what());
-    }
-    for (const auto& o : out.objects)
-      DCR_EXPECTS(o.key.starts_with(prefix), errc::transport_failure,
-                  "S3 GET " + client_.where(r.subject) + ": the reply lists '" + o.key + "', outside the prefix");
-    return out;
-  }
+                        const std::string& prefix) const;
 
-  std::vector<listed_object> list_all(const std::string& prefix) const {
-    std::vector<listed_object> out;
-    std::string token;
-    do {
-      auto page = list_page(list_query(prefix, token, options_.list_page_size), prefix);
-      for (auto& o : page.objects) out.push_back(std::move(o));
-      token = std::move(page.next_token);
-    } while (!token.empty());
-    return out;
-  }
+  std::vector<listed_object> list_all(const std::string& prefix) const;
 
   // The manifest's ids (nullopt if it vanished since the listing), read once per ETag.
   std::optional<std::vector<payload_id>> read_manifest(const attempt_key& key, std::uint32_t owner,
-                                                       const std::string& etag) const {
-    const auto cache_key = std::make_pair(key, owner);
-    {
-      std::lock_guard lock(cache_mutex_);
-      if (auto it = manifest_cache_.find(cache_key); it != manifest_cache_.end() && !etag.empty() &&
-                                                      it->second.first == etag)
-        return it->second.second;
-    }
-    std::vector<std::byte> raw;
-    detail::s3::request r;
-    r.method = "GET";
-    r.key = manifest_key(key, owner);
-    r.into = &raw;
-    const auto resp = client_.call(r, {404});
-    if (missing(resp, r)) return std::nullopt;
-    auto ids = detail::parse_manifest(std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()),
-                                      key, owner, "s3_payload_store: manifest " + client_.where(r.key));
-    // The ETag of what was read (the listing's may be older than a replaced manifest).
-    const std::string& read_etag = resp.etag.empty() ? etag : resp.etag;
-    std::lock_guard lock(cache_mutex_);
-    if (manifest_cache_.size() >= 4096) manifest_cache_.clear();
-    if (!read_etag.empty()) manifest_cache_[cache_key] = {read_etag, ids};
-    return ids;
-  }
+                                                       const std::string& etag) const;
 
   // DELETE every key, parallel_deletes at a time; the first failure is rethrown after all ran.
-  void delete_all(const std::vector<std::string>& keys) {
-    std::atomic<std::size_t> next{0};
-    std::mutex failure_mutex;
-    std::exception_ptr failure;
-    auto work = [&] {
-      for (std::size_t i = next++; i < keys.size(); i = next++) {
-        try {
-          detail::s3::request r;
-          r.method = "DELETE";
-          r.key = keys[i];
-          client_.call(r, {404});
-          ++stats_.objects_deleted;
-        } catch (...) {
-          std::lock_guard lock(failure_mutex);
-          if (!failure) failure = std::current_exception();
-        }
-      }
-    };
-    const std::size_t threads = std::min(options_.parallel_deletes, keys.size());
-    std::vector<std::thread> pool;
-    for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
-    if (failure) std::rethrow_exception(failure);
-  }
+  void delete_all(const std::vector<std::string>& keys);
 
   s3_options options_;
   mutable detail::s3::client client_;
@@ -724,3 +304,5 @@ class s3_payload_store {
 static_assert(payload_store<s3_payload_store>);
 
 }  // namespace dcr
+
+#include "dcr/detail/protocol/s3_payload_store.inl"
