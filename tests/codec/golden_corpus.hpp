@@ -1,5 +1,5 @@
 // tests/codec/golden_corpus.hpp: what the golden generator (make_golden.cpp) and the golden test
-// (golden_test.cpp) agree on: the sidecar vocabulary (names of dtypes, encodings, codings and
+// (test_golden.cpp) agree on: the sidecar vocabulary (names of dtypes, encodings, codings and
 // error codes), words as hex strings, the registry as JSON, the base contents of the storage the
 // test applies to, and a compact JSON layout for the sidecars. tests/golden/README.md describes
 // the sidecar fields.

@@ -6,7 +6,7 @@
 // encoded from) and DIR/golden-errors/NAME.dcrp and NAME.json (payloads each broken in one way,
 // and the error a decoder must report). Run from the repository root with `--out tests`. The
 // output is a function of this file, the encoder and the zstd library: the files are produced
-// once and committed, and tests/codec/golden_test.cpp checks them on every run, so a change to
+// once and committed, and tests/codec/test_golden.cpp checks them on every run, so a change to
 // the encoder or the decoder that changes the format shows up as a failing test, not as payloads
 // in flight that no longer decode. Existing files are never overwritten without --force.
 //
@@ -75,7 +75,7 @@ dcr::tensor_registry golden_registry() {
   });
 }
 
-/// The registry of tests/codec/payload_test.cpp, for its first-release golden payload.
+/// The registry of tests/codec/test_payload.cpp, for its first-release golden payload.
 dcr::tensor_registry payload_test_registry() {
   return dcr::tensor_registry({
       {"a.bf16", dtype::bf16, {64, 33}},
@@ -367,14 +367,14 @@ std::vector<golden_case> golden_cases() {
     cases.push_back(std::move(c));
   }
   {
-    // The golden payload of tests/codec/payload_test.cpp and of docs/format.md's example, whose
+    // The golden payload of tests/codec/test_payload.cpp and of docs/format.md's example, whose
     // values are xor masks and new bits over zeros: its registry holds a 10^9-element tensor, so
     // no storage is built for it.
     golden_case c;
     c.name = "first_release_example";
     c.registry = payload_test_registry();
     c.description = "The 269-byte first-release payload of docs/format.md's Example and "
-                                 "tests/codec/payload_test.cpp (adaptive = false, level 1's own "
+                                 "tests/codec/test_payload.cpp (adaptive = false, level 1's own "
                                  "parameters): an f16 xor_mask item and an f32 overwrite item.";
     c.header = header_for(c.registry);
     c.options = {.zstd_level = 1, .zstd_hash_log = 0, .adaptive = false};

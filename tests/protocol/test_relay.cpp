@@ -1,4 +1,4 @@
-// tests/protocol/relay_test.cpp: the relay transport (dcr/protocol/relay.hpp) on 127.0.0.1:
+// tests/protocol/test_relay.cpp: the relay transport (dcr/protocol/relay.hpp) on 127.0.0.1:
 // mutual TLS refusals, striped delivery of every payload to every receiver of every node with
 // acknowledgements after delivery and bounded memory, duplicates, a root and a node lost
 // mid-attempt and the retry after reconnection, and the real agents over the relay for a few

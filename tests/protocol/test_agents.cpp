@@ -1,4 +1,4 @@
-// tests/protocol/agents_test.cpp: rows of the protocol's fault matrix (docs/protocol.md) run in
+// tests/protocol/test_agents.cpp: rows of the protocol's fault matrix (docs/protocol.md) run in
 // one process with the real agents (agents_harness.hpp): racing and replaced coordinators,
 // receivers joining and leaving between attempts, two receivers killed in one attempt, the
 // asynchronous request gate, the file control plane going away mid-transition, and a randomized

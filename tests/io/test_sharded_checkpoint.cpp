@@ -1,4 +1,4 @@
-// tests/io/sharded_checkpoint_test.cpp: sharded checkpoints in the library: a round trip, and the
+// tests/io/test_sharded_checkpoint.cpp: sharded checkpoints in the library: a round trip, and the
 // all-or-nothing promise of the in-place apply of a directory when one shard's result does not
 // verify (every shard undone). The command-line scenarios (crashes at every step, refusals,
 // links, the lock) are in tests/tool/checkpoint_tool.py.
