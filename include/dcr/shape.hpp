@@ -5,7 +5,7 @@
 // whose element count does not fit 64 bits is refused where it enters, never wrapped (signed
 // overflow is undefined behaviour, and a wrapped count of 0 looks like an empty tensor).
 #pragma once
-
+#include "dcr/config.hpp"
 #include <cstddef>
 #include <cstdint>
 #include <limits>

@@ -23,7 +23,7 @@
 // Every failure of the filesystem (directory gone, unwritable, I/O error) throws
 // errc::control_plane_unavailable naming the directory, the operation and the key.
 #pragma once
-
+#include "dcr/config.hpp"
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>

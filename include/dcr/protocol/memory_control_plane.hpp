@@ -2,7 +2,7 @@
 // in-process driver). Thread-safe; waiting uses a condition variable; leases expire on the
 // steady clock. Nothing survives the process.
 #pragma once
-
+#include "dcr/config.hpp"
 #include <condition_variable>
 #include <map>
 #include <mutex>
