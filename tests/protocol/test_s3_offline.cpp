@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <thread>
@@ -249,12 +250,32 @@ TEST_CASE("manifests: one text format for every store, damaged ones refused") {
   CHECK(back == std::vector<dcr::payload_id>{pid(7, 0), pid(7, 1), pid(7, 2)});
   CHECK(dcr::detail::parse_manifest("dcr-manifest 1 0\n", key, 7, "m").empty());
   for (const char* bad : {"", "dcr-manifest 2 1\n0\n", "dcr-manifest 1 2\n0\n", "dcr-manifest 1 1\nx\n",
-                          "dcr-manifest 1 1\n0", "dcr-manifest 1 1\n99999999999\n", "dcr-manifest 1 \n"}) {
+                          "dcr-manifest 1 1\n0", "dcr-manifest 1 1\n99999999999\n", "dcr-manifest 1 \n",
+                          "dcr-manifest 1 1\n01\n", "dcr-manifest 1 01\n0\n", "dcr-manifest 1 1\n+1\n"}) {
     CAPTURE(bad);
     const auto what = error_of([&] { dcr::detail::parse_manifest(bad, key, 7, "manifest 'm'"); },
                                dcr::errc::transport_failure);
     CHECK(what.find("manifest 'm' is damaged") != std::string::npos);
   }
+}
+
+TEST_CASE("file_payload_store lists only the names it writes; other entries are not payloads") {
+  temp_dir dir;
+  dcr::file_payload_store store(dir.path);
+  const std::vector<std::byte> bytes(3, std::byte{7});
+  store.put(pid(2, 0), bytes);
+  store.put(pid(2, 1), bytes);
+  // Entries another tool (or a damaged copy) left beside them, spelled almost like ours.
+  const auto attempt = dir.path / dcr::to_string(dcr::attempt_key{1, 2, 0});
+  for (const char* d : {"ofoo", "o1x", "o007", "o", "o99999999999"})
+    std::filesystem::create_directories(attempt / d);
+  for (const char* f : {"pbar", "p01", "p", "p2x", "q3"}) std::ofstream(attempt / "o2" / f) << "x";
+  std::vector<dcr::owner_listing> listed;
+  REQUIRE_NOTHROW(listed = store.list({1, 2, 0}));
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].owner == 2);
+  CHECK(listed[0].ids == std::vector<dcr::payload_id>{pid(2, 0), pid(2, 1)});
+  CHECK_FALSE(listed[0].complete);
 }
 
 TEST_CASE("prefetch_source: gets in parallel, each listed payload once, complete when the manifests are") {

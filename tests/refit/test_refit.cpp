@@ -4,6 +4,7 @@
 // failed attempts are repaired by overwrite retries.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -132,6 +133,27 @@ TEST_CASE("a refit with no changes sends no records and keeps every receiver exa
   CHECK(report.attempts[0].records == 0);
   CHECK(report.attempts[0].changed_elements == 0);
   CHECK(d.verify_against_dense_refit() == "");
+}
+
+TEST_CASE("commit cleanup erases only the reports and acks dcr spelled; other keys stay") {
+  in_process_deployment d(small_options());
+  d.start();
+  // Keys under the protocol's prefixes that dcr never writes (another tool's, or damaged ones):
+  // the cleanup after a commit must neither choke on them nor erase them.
+  const std::vector<std::string> foreign = {"/dcr/reports/junk", "/dcr/reports/t1-x/0",
+                                            "/dcr/acks/t0-1", "/dcr/acks/-",
+                                            "/dcr/acks/t0-1-a0x/receiver-0"};
+  for (const auto& k : foreign) dcr::put(d.plane(), k, "not ours");
+  const auto report = d.refit();
+  REQUIRE(report.committed);
+  CHECK(d.verify_against_dense_refit() == "");
+  std::vector<std::string> left;
+  for (const char* prefix : {"/dcr/reports/", "/dcr/acks/"})
+    for (const auto& r : d.plane().list(prefix)) left.push_back(r.key);
+  std::sort(left.begin(), left.end());
+  auto want = foreign;
+  std::sort(want.begin(), want.end());
+  CHECK(left == want);  // the committed transition's own reports and acks are gone
 }
 
 TEST_CASE("bad payloads are refused with a clear error and leave storage bit-identical") {

@@ -105,6 +105,11 @@ namespace detail {
 std::optional<std::uint64_t> take_number(std::string_view& text, std::string_view tag,
                                                 std::uint64_t limit);
 
+/// `text` is "<tag><decimal>" and nothing else (the decimal as take_number reads it); nullopt
+/// otherwise. The one reader of the numbers in dcr's own names and manifests.
+std::optional<std::uint64_t> parse_number(std::string_view text, std::string_view tag,
+                                          std::uint64_t limit);
+
 /// Takes what to_string(const attempt_key&) writes off the front of `text`.
 std::optional<attempt_key> take_attempt_key(std::string_view& text);
 

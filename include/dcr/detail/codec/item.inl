@@ -42,6 +42,13 @@ DCR_INLINE std::optional<std::uint64_t> take_number(std::string_view& text, std:
   return v;
 }
 
+DCR_INLINE std::optional<std::uint64_t> parse_number(std::string_view text, std::string_view tag,
+                                                     std::uint64_t limit) {
+  const auto v = take_number(text, tag, limit);
+  if (!v || !text.empty()) return std::nullopt;
+  return v;
+}
+
 DCR_INLINE std::optional<attempt_key> take_attempt_key(std::string_view& text) {
   std::string_view rest = text;
   const auto base = take_number(rest, "t", UINT64_MAX);

@@ -562,9 +562,11 @@ void coordinator<Plane, Store>::cleanup(std::uint64_t version,
       std::vector<key_write> erases;
       for (const auto* prefix : {"/reports/", "/acks/"})
         for (const auto& r : plane_->list(keys.prefix + prefix)) {
-          const auto tag = r.key.substr(keys.prefix.size() + std::strlen(prefix));
-          const auto target = std::stoull(tag.substr(tag.find('-') + 1));
-          if (target <= version) erases.push_back({r.key, {}, 0, true});
+          // "<attempt>/<owner or receiver>"; keys spelled otherwise are not ours to erase.
+          std::string_view tag = std::string_view(r.key).substr(keys.prefix.size() + std::strlen(prefix));
+          const auto attempt = detail::take_attempt_key(tag);
+          if (attempt && tag.starts_with('/') && attempt->target_version <= version)
+            erases.push_back({r.key, {}, 0, true});
         }
       if (!erases.empty()) plane_->transact({}, erases);
       return 0;

@@ -120,10 +120,12 @@ DCR_INLINE std::vector<owner_listing> file_payload_store::list(const attempt_key
     std::error_code ec;
     if (!std::filesystem::is_directory(dir, ec)) return;
     for (const auto& o : std::filesystem::directory_iterator(dir)) {
-      const auto name = o.path().filename().string();
-      if (name.size() < 2 || name[0] != 'o') continue;
+      // Only the names this store writes ("o<owner>", "p<sequence>"); anything else in the
+      // directory (temporaries start with '.') is not a payload.
+      const auto owner = detail::parse_number(o.path().filename().string(), "o", UINT32_MAX);
+      if (!owner) continue;
       owner_listing l;
-      l.owner = static_cast<std::uint32_t>(std::stoul(name.substr(1)));
+      l.owner = static_cast<std::uint32_t>(*owner);
       const auto manifest = o.path() / "manifest";
       if (io::path_exists(manifest)) {
         std::vector<std::byte> raw;
@@ -134,10 +136,8 @@ DCR_INLINE std::vector<owner_listing> file_payload_store::list(const attempt_key
         l.complete = true;
       } else {
         for (const auto& p : std::filesystem::directory_iterator(o.path())) {
-          const auto pn = p.path().filename().string();
-          if (pn.size() < 2 || pn[0] != 'p') continue;  // temporaries start with '.'
-          l.ids.push_back(
-              payload_id{key, l.owner, static_cast<std::uint32_t>(std::stoul(pn.substr(1)))});
+          const auto seq = detail::parse_number(p.path().filename().string(), "p", UINT32_MAX);
+          if (seq) l.ids.push_back(payload_id{key, l.owner, static_cast<std::uint32_t>(*seq)});
         }
       }
       std::sort(l.ids.begin(), l.ids.end());
@@ -217,15 +217,8 @@ DCR_INLINE std::vector<payload_id> parse_manifest(std::string_view text, const a
   constexpr std::string_view magic = "dcr-manifest 1 ";
   const auto first = text.find('\n');
   if (!text.starts_with(magic) || first == std::string_view::npos) return damaged("no header");
-  auto number = [](std::string_view digits, std::uint64_t limit) -> std::optional<std::uint64_t> {
-    if (digits.empty() || digits.size() > 20) return std::nullopt;
-    std::uint64_t v = 0;
-    for (const char c : digits) {
-      if (c < '0' || c > '9') return std::nullopt;
-      if (v > (limit - static_cast<std::uint64_t>(c - '0')) / 10) return std::nullopt;
-      v = v * 10 + static_cast<std::uint64_t>(c - '0');
-    }
-    return v;
+  const auto number = [](std::string_view digits, std::uint64_t limit) {
+    return parse_number(digits, "", limit);
   };
   const auto count = number(text.substr(magic.size(), first - magic.size()), UINT32_MAX);
   if (!count) return damaged("bad count");
