@@ -104,8 +104,9 @@ class placement_compiler {
   std::byte* scratch_;
   placement_plan plan_;
   std::vector<placement> again_;
-  const canonical_tensor* tensor_ = nullptr;
-  std::size_t begin_ = 0;
+  const canonical_tensor* tensor_ = nullptr;  // the tensor begin_tensor() started
+  std::size_t id_ = 0;                         // its id
+  std::size_t begin_ = 0;                      // its first record in plan_.placements_
 };
 
 }  // namespace detail
@@ -582,6 +583,7 @@ DCR_INLINE placement_compiler::placement_compiler(const tensor_registry& registr
 
 DCR_INLINE const canonical_tensor& placement_compiler::begin_tensor(std::size_t id) {
   tensor_ = &registry_->tensors()[id];
+  id_ = id;
   tensor_placement& rep = plan_.tensors_[id];
   rep.tensor = static_cast<tensor_id>(id);
   rep.name = tensor_->name;
@@ -619,7 +621,7 @@ DCR_INLINE void placement_compiler::end_tensor(const load_record& first, const l
   DCR_EXPECTS(same, errc::unsupported_loader_path,
               "dcr loader: two loads of tensor '" + t.name +
                   "' issued different copies (loaders must be deterministic)");
-  tensor_placement& rep = plan_.tensors_[static_cast<std::size_t>(tensor_ - registry_->tensors().data())];
+  tensor_placement& rep = plan_.tensors_[id_];
   rep.skipped = first.skipped;
   rep.copies = first.copies;
   rep.elements = first.elements;

@@ -101,12 +101,10 @@ DCR_INLINE in_process_refit::in_process_refit(const tensor_registry& registry,
       owners_(owners.begin(), owners.end()),
       d_(std::make_unique<deployment>()) {
   const auto deadline = protocol_clock::now() + std::chrono::seconds(30);
-  std::vector<std::uint32_t> ids;
-  for (auto& b : owners_) ids.push_back(b.owner_ptr->id());
   coordinator_options co;
   co.min_receivers = receivers.size();
   d_->initial_coordinator = std::make_unique<coordinator<plane_type, store_type>>(
-      d_->plane, d_->store, registry.fingerprint(), ids, co);
+      d_->plane, d_->store, registry.fingerprint(), detail::owner_ids(owners_), co);
   d_->initial_coordinator->initialize(version, deadline);
   for (auto& b : owners_) {
     d_->owner_agents.push_back(std::make_unique<owner_agent<plane_type, store_type>>(

@@ -217,16 +217,13 @@ DCR_INLINE std::vector<payload_id> parse_manifest(std::string_view text, const a
   constexpr std::string_view magic = "dcr-manifest 1 ";
   const auto first = text.find('\n');
   if (!text.starts_with(magic) || first == std::string_view::npos) return damaged("no header");
-  const auto number = [](std::string_view digits, std::uint64_t limit) {
-    return parse_number(digits, "", limit);
-  };
-  const auto count = number(text.substr(magic.size(), first - magic.size()), UINT32_MAX);
+  const auto count = parse_number(text.substr(magic.size(), first - magic.size()), "", UINT32_MAX);
   if (!count) return damaged("bad count");
   std::vector<payload_id> ids;
   for (std::size_t at = first + 1; at < text.size();) {
     const auto nl = text.find('\n', at);
     if (nl == std::string_view::npos) return damaged("unterminated line");
-    const auto seq = number(text.substr(at, nl - at), UINT32_MAX);
+    const auto seq = parse_number(text.substr(at, nl - at), "", UINT32_MAX);
     if (!seq) return damaged("bad sequence number '" + std::string(text.substr(at, nl - at)) + "'");
     ids.push_back(payload_id{key, owner, static_cast<std::uint32_t>(*seq)});
     at = nl + 1;
