@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
-# build.sh: installs missing dependencies, configures build/ once (release, CUDA parts when nvcc is
-# found) and compiles everything with ninja through ccache. Extra arguments go to the first
-# `meson setup` (e.g. -Dcuda=disabled). A second run with nothing changed is near-instant.
+# build.sh [--target NAME]... [SETUP-ARGS]: installs missing dependencies, configures build/ once
+# (release, CUDA parts when nvcc is found) and compiles with ninja through ccache: everything, or
+# with --target only the named meson targets and what they depend on (scripts/simulate.sh builds
+# just the `dcr` tool that way). Other arguments go to the first `meson setup` (e.g.
+# -Dcuda=disabled). A second run with nothing changed is near-instant.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+targets=()
+setup_args=()
+while (($#)); do
+  case $1 in
+    --target) targets+=("${2:?build.sh: --target needs a meson target name}"); shift 2 ;;
+    --target=*) targets+=("${1#--target=}"); shift ;;
+    *) setup_args+=("$1"); shift ;;
+  esac
+done
+set -- "${setup_args[@]}"
 
 scripts/install-deps.sh
 
@@ -27,4 +40,4 @@ else
     meson setup --reconfigure build "$@"
   fi
 fi
-meson compile -C build -j "${DCR_JOBS:-$(nproc)}"
+meson compile -C build -j "${DCR_JOBS:-$(nproc)}" "${targets[@]}"
