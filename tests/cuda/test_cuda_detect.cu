@@ -1,5 +1,5 @@
-// tests/cuda/test_cuda_detect.cu: the device detect + project path gives, record for record,
-// what the CPU reference gives (the same dcr::bits_differ and mapping operator() in a host
+// tests/cuda/test_cuda_detect.cu: the device detect + project path (dcr::exec::detect_project on
+// a cuda_policy) gives, record for record, what the CPU reference gives (the same dcr::bits_differ and mapping operator() in a host
 // loop). A plain main(): exit 0 = pass, 1 = fail, 77 = skip (no CUDA device), which meson test
 // reports as SKIP.
 #include <cuda_runtime_api.h>
@@ -14,7 +14,7 @@
 
 #include "dcr/detect/detect.hpp"
 #include "dcr/kernels/cuda_check.cuh"
-#include "dcr/kernels/detect.cuh"
+#include "dcr/kernels/exec.cuh"
 #include "dcr/mapping.hpp"
 #include "../random_shard.hpp"
 #include "cuda_test.hpp"
@@ -63,16 +63,22 @@ void run_case(const char* name, std::size_t n, double rate, std::uint64_t seed, 
   dcr_test::make_shard(rng, n, rate, tracker, candidate);
   const auto expected = cpu_reference(tracker, candidate, mapping);
 
-  device_buffer<W> d_tracker(n), d_candidate(n), d_new(n);
+  device_buffer<W> d_tracker(n), d_candidate(n), d_new(n), d_old(n);
   device_buffer<std::uint64_t> d_index(n);
   device_buffer<std::uint32_t> d_part(n);
   cudaStream_t stream = nullptr;
   DCR_CUDA_TRY(cudaStreamCreate(&stream));
+  const dcr::exec::cuda_policy policy{stream};
   DCR_CUDA_TRY(cudaMemcpy(d_tracker.p, tracker.data(), n * sizeof(W), cudaMemcpyHostToDevice));
   DCR_CUDA_TRY(cudaMemcpy(d_candidate.p, candidate.data(), n * sizeof(W), cudaMemcpyHostToDevice));
 
-  const std::size_t count = dcr::kernels::detect_and_project(
-      d_tracker.p, d_candidate.p, n, mapping, d_index.p, d_new.p, stream, d_part.p);
+  // The workspace is sized once (two-phase), then reused by both forms.
+  const std::size_t bytes = dcr::exec::detect_compact_workspace_bytes<W>(policy, n);
+  device_buffer<unsigned char> workspace(bytes);
+  const dcr::exec::workspace ws{workspace.p, bytes};
+  const std::size_t count = dcr::exec::detect_project(
+      policy, d_tracker.p, d_candidate.p, n, mapping,
+      dcr::exec::changed_words<W>{d_index.p, nullptr, d_new.p}, d_part.p, ws);
   check(count == expected.index.size(),
         label + ": " + std::to_string(count) + " records, CPU reference has " +
             std::to_string(expected.index.size()));
@@ -90,18 +96,26 @@ void run_case(const char* name, std::size_t n, double rate, std::uint64_t seed, 
     check(part == expected.part, label + ": parts differ from the CPU reference");
   }
 
-  // The async form with a caller-owned workspace gives the same count.
-  const std::size_t bytes = dcr::kernels::detect_workspace_bytes<W>(n, stream);
-  device_buffer<unsigned char> workspace(bytes);
-  device_buffer<std::size_t> d_count(1);
-  dcr::kernels::detect_and_project_async(d_tracker.p, d_candidate.p, n, mapping, d_index.p,
-                                         d_new.p, static_cast<std::uint32_t*>(nullptr), d_count.p,
-                                         workspace.p, bytes, stream);
-  std::size_t async_count = 0;
-  DCR_CUDA_TRY(cudaMemcpyAsync(&async_count, d_count.p, sizeof async_count,
-                               cudaMemcpyDeviceToHost, stream));
-  DCR_CUDA_TRY(cudaStreamSynchronize(stream));
-  check(async_count == expected.index.size(), label + ": async form counts differently");
+  // The async form (old words too, no parts) gives the same count, read from the device slot.
+  std::size_t* d_count = dcr::exec::detect_project_async(
+      policy, d_tracker.p, d_candidate.p, n, mapping,
+      dcr::exec::changed_words<W>{d_index.p, d_old.p, d_new.p},
+      static_cast<std::uint32_t*>(nullptr), ws);
+  check(dcr::exec::wait_count(policy, d_count) == expected.index.size(),
+        label + ": async form counts differently");
+
+  // A word count that is not the mapping's local size is refused before any work.
+  if (n > 0) {
+    bool refused = false;
+    try {
+      (void)dcr::exec::detect_project(policy, d_tracker.p, d_candidate.p, n - 1, mapping,
+                                      dcr::exec::changed_words<W>{d_index.p, nullptr, d_new.p},
+                                      nullptr, ws);
+    } catch (const dcr::error& e) {
+      refused = e.code() == dcr::errc::shape_mismatch;
+    }
+    check(refused, label + ": a wrong word count was not refused as shape_mismatch");
+  }
   DCR_CUDA_TRY(cudaStreamDestroy(stream));
 }
 

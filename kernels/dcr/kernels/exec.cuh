@@ -3,7 +3,8 @@
 // dcr::exec::cuda_policy is a CUDA stream plus a device memory resource. The algorithms of
 // dcr/exec/algorithms.hpp run on it with the same per-index functors (dcr/exec/functors.hpp) as
 // the CPU and Thrust backends; this header adds the loop primitive (a grid-stride kernel), the
-// compaction (CUB DeviceSelect: one pass with decoupled look-back), the per-record apply kernel
+// compaction (CUB DeviceSelect: one pass with decoupled look-back), detect + project (the
+// compaction, then the mapping applied in place over the device count), the per-record apply kernel
 // and the pinned-host-tracker pipeline. All pointers are device pointers (or, where said,
 // pinned host memory, reached through unified virtual addressing).
 //
@@ -269,6 +270,52 @@ std::size_t detect_compact(const cuda_policy& policy, const W* tracker, const W*
                            std::size_t n, changed_words<W> out, workspace ws,
                            std::uint64_t first_index = 0) {
   return wait_count(policy, detect_compact_async(policy, tracker, candidate, n, out, ws, first_index));
+}
+
+// ---- detect + project (the owner's affine stage on the device) ---------------------------------
+
+/// Enqueues project over a count that lives in device memory (the slot detect_compact_async
+/// returned): for k < *d_count, index[k], part[k] = mapping(local[k]) (part may be null). `local`
+/// may equal `index` (projection in place: each k reads its own entry before writing it).
+/// `capacity` bounds *d_count (it sizes the grid, nothing is read past *d_count). No host round
+/// trip separates the compaction from the projection; allocates nothing, does not synchronize.
+template <index_mapping M>
+void project_counted_async(const cuda_policy& policy, const M& mapping, const std::uint64_t* local,
+                           const std::size_t* d_count, std::size_t capacity, std::uint64_t* index,
+                           std::uint32_t* part) {
+  if (capacity == 0) return;
+  const fn::project<M> op{mapping, local, index, part};
+  detail::for_each_counted_kernel<<<detail::blocks_for(capacity), detail::cuda_block, 0,
+                                    policy.stream>>>(d_count, op);
+  DCR_CUDA_TRY(cudaGetLastError());
+}
+
+/// Detect + project of a whole source shard described by `mapping` (n == mapping.local_size()):
+/// detect_compact_async (local indices, candidate words into out.new_words, tracker words into
+/// out.old_words where not null), then project_counted_async in place, so out.index[k] is the
+/// canonical index of the k-th changed element in increasing local order and part[k] its part
+/// (part may be null; needed for multi-part mappings such as `stacked`). The output is in
+/// increasing canonical order for every mapping that preserves order. Returns the device count
+/// slot, valid once the stream reaches it; `ws` as for detect_compact. Throws
+/// dcr::error(shape_mismatch) when n differs from the mapping's local size.
+template <storage_word W, index_mapping M>
+std::size_t* detect_project_async(const cuda_policy& policy, const W* tracker, const W* candidate,
+                                  std::size_t n, const M& mapping, changed_words<W> out,
+                                  std::uint32_t* part, workspace ws) {
+  DCR_EXPECTS(n == mapping.local_size(), errc::shape_mismatch,
+              "dcr::exec::detect_project: " + std::to_string(n) +
+                  " words, the mapping's local size is " + std::to_string(mapping.local_size()));
+  std::size_t* const d_count = detect_compact_async(policy, tracker, candidate, n, out, ws);
+  project_counted_async(policy, mapping, out.index, d_count, n, out.index, part);
+  return d_count;
+}
+
+/// detect_project_async, then the count copied back (waits for the stream).
+template <storage_word W, index_mapping M>
+std::size_t detect_project(const cuda_policy& policy, const W* tracker, const W* candidate,
+                           std::size_t n, const M& mapping, changed_words<W> out,
+                           std::uint32_t* part, workspace ws) {
+  return wait_count(policy, detect_project_async(policy, tracker, candidate, n, mapping, out, part, ws));
 }
 
 // ---- detect + compact, pinned host tracker -----------------------------------------------------

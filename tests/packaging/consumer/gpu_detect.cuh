@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "dcr/kernels/detect.cuh"
+#include "dcr/kernels/exec.cuh"
 #include "dcr/mapping/replicated.hpp"
 
 inline int run_gpu_detect(const char* who) {
@@ -29,11 +29,16 @@ inline int run_gpu_detect(const char* who) {
   DCR_CUDA_TRY(cudaMalloc(&dindex, b.size() * 8));
   DCR_CUDA_TRY(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   DCR_CUDA_TRY(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
-  const std::size_t n = dcr::kernels::detect_and_project<std::uint16_t>(
-      da, db, a.size(), dcr::replicated(a.size()), dindex, dnew, nullptr);
+  const dcr::exec::cuda_policy policy{};
+  const std::size_t bytes = dcr::exec::detect_compact_workspace_bytes<std::uint16_t>(policy, a.size());
+  void* workspace = nullptr;
+  DCR_CUDA_TRY(cudaMalloc(&workspace, bytes));
+  const std::size_t n = dcr::exec::detect_project<std::uint16_t>(
+      policy, da, db, a.size(), dcr::replicated(a.size()),
+      dcr::exec::changed_words<std::uint16_t>{dindex, nullptr, dnew}, nullptr, {workspace, bytes});
   std::vector<std::uint64_t> index(n);
   DCR_CUDA_TRY(cudaMemcpy(index.data(), dindex, n * 8, cudaMemcpyDeviceToHost));
-  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dnew),
+  for (void* p : {workspace, static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dnew),
                   static_cast<void*>(dindex)})
     cudaFree(p);
   const bool ok = index == std::vector<std::uint64_t>{5, 4000};
