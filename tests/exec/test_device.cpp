@@ -1,56 +1,30 @@
-// tests/exec/test_device.cpp: `--device` selection. cpu always runs; cuda runs only where the
-// driver reports a device and the build has the CUDA backend, and otherwise fails with
-// errc::device_error and a message saying that no CUDA device is present and why.
+// tests/exec/test_device.cpp: what dcr::exec reports of CUDA on this machine. The driver probe
+// never throws and is consistent (a device count, or a reason there is none); the device names
+// are the flag spellings. Choosing a device from `--device` is the tool's (tests/tool).
 #include <doctest/doctest.h>
 
 #include <string>
 
 #include "dcr/exec/device.hpp"
-#include "../error_capture.hpp"
 
 namespace {
 
-using dcr::errc;
 using dcr::exec::device_kind;
 
-TEST_CASE("parse_device takes cpu and cuda, nothing else") {
-  CHECK(dcr::exec::parse_device("cpu") == device_kind::cpu);
-  CHECK(dcr::exec::parse_device("cuda") == device_kind::cuda);
-  for (const char* bad : {"", "gpu", "CUDA", "cuda:0"}) {
-    const auto call = [&] { (void)dcr::exec::parse_device(bad); };
-    CHECK(dcr_test::code_of(call) == errc::invalid_argument);
-    CHECK(dcr_test::message_of(call).find("unknown device") != std::string::npos);
-  }
+TEST_CASE("device names are the flag spellings") {
+  CHECK(std::string(dcr::exec::device_name(device_kind::cpu)) == "cpu");
   CHECK(std::string(dcr::exec::device_name(device_kind::cuda)) == "cuda");
 }
 
-TEST_CASE("cpu is always selectable") {
-  const auto s = dcr::exec::select_device(device_kind::cpu);
-  CHECK(s.kind == device_kind::cpu);
-  CHECK(s.description == "cpu");
-}
-
-TEST_CASE("cuda is selectable exactly when the driver reports a device") {
+TEST_CASE("the CUDA probe reports a device, or why there is none") {
   const auto probe = dcr::exec::probe_cuda();
+  CHECK(probe.devices >= 0);
   CHECK((probe.devices > 0) == probe.detail.empty());
-  for (bool backend : {false, true}) {
-    CAPTURE(backend);
-    if (probe.devices > 0 && backend) {
-      const auto s = dcr::exec::select_device(device_kind::cuda, backend);
-      CHECK(s.kind == device_kind::cuda);
-      CHECK(s.description.rfind("cuda: ", 0) == 0);
-      continue;
-    }
-    const auto call = [&] { (void)dcr::exec::select_device(device_kind::cuda, backend); };
-    CHECK(dcr_test::code_of(call) == errc::device_error);
-    const std::string message = dcr_test::message_of(call);
-    if (probe.devices == 0) {
-      CHECK(message.find("no CUDA device present") != std::string::npos);
-      CHECK(message.find(probe.detail) != std::string::npos);
-    } else {
-      CHECK(message.find("no CUDA backend") != std::string::npos);
-    }
-  }
+  if (probe.devices > 0) CHECK(probe.driver);
+  // Asking twice gives the same answer (the library is loaded and closed each time).
+  const auto again = dcr::exec::probe_cuda();
+  CHECK(again.devices == probe.devices);
+  CHECK(again.detail == probe.detail);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "args.hpp"
+#include "device_choice.hpp"
 #include "dcr/error_text.hpp"
-#include "dcr/exec/device.hpp"
 #include "dcr/protocol/link_shaper.hpp"
 #include "dcr/protocol/s3_payload_store.hpp"
 #include "dcr/sim/deployment.hpp"
@@ -319,7 +319,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   options.codec.zstd_level = level;
   options.bucket_bytes = static_cast<std::size_t>(bucket_mb) << 20;
   try {
-    ps.device = dcr::exec::parse_device(device_text);
+    ps.device = parse_device(device_text);
   } catch (const dcr::error& e) {
     throw usage_error(dcr::error_text(e));
   }
@@ -336,7 +336,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   // parent that checked.) --device cuda never falls back to the CPU.
   if (ps.role.empty()) {
     try {
-      const auto selection = dcr::exec::select_device(ps.device);
+      const auto selection = select_device(ps.device);
       ps.device_description = selection.description;
     } catch (const dcr::error& e) {
       if (e.dcr_code() != dcr::errc::device_error) throw;

@@ -1,5 +1,5 @@
 // tools/dcr/simulate_cuda_stub.cpp: simulate_cuda.hpp in a build without nvcc: no CUDA backend.
-// `dcr simulate --device cuda` stops at dcr::exec::select_device before any of these is called;
+// `dcr simulate --device cuda` stops at dcr_tool::select_device before any of these is called;
 // they throw the same error should anything else reach them.
 #include "simulate_cuda.hpp"
 

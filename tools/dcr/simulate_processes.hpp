@@ -40,7 +40,7 @@ struct simulate_settings {
   std::int64_t fault_step = 2;
   bool json = false;
   /// Where owners detect and receivers apply (--device); the parent has checked with
-  /// dcr::exec::select_device that it can run here.
+  /// dcr_tool::select_device that it can run here.
   dcr::exec::device_kind device = dcr::exec::device_kind::cpu;
   std::string device_description = "cpu";  ///< select_device's description (parent only)
   // Processes.

@@ -1,23 +1,17 @@
-// dcr/exec/device.hpp: choosing where a tool runs its detect and apply steps (`--device cpu` or
-// `--device cuda`), with a clear answer when no CUDA device is present.
+// dcr/exec/device.hpp: what CUDA this process can use: whether the caller was built with the
+// CUDA backend, and what the CUDA driver reports (device count, device 0's name, or why there
+// is none).
 //
 // Host-compilable, no CUDA headers: the probe loads the CUDA driver library (libcuda.so.1) at
 // run time with dlopen and asks it for the device count, so a binary built without nvcc (or
 // run on a machine without a driver) still reports exactly why CUDA is not available. What
 // runs on the device is the CUDA backend of dcr/exec (kernels/dcr/kernels/exec.cuh), compiled
-// into a translation unit built with nvcc (meson option `cuda`); `cuda_backend_compiled` says
-// whether the caller was built with one (it passes DCR_HAVE_CUDA_BACKEND=1).
-//
-// Usage in a tool (e.g. `dcr simulate --device cuda`):
-//     const auto sel = dcr::exec::select_device(dcr::exec::parse_device(flag_value));
-//     // cpu: sel.kind == device_kind::cpu; cuda: a device is present, sel.description names it;
-//     // otherwise select_device threw dcr::error(errc::device_error, "no CUDA device present: ...")
+// into a translation unit built with nvcc; `cuda_backend_compiled` says whether the caller was
+// built with one (it passes DCR_HAVE_CUDA_BACKEND=1). Choosing a device from a command line
+// (the `dcr` tool's `--device`) is the tool's business (tools/dcr/device_choice.hpp).
 #pragma once
 
 #include <string>
-#include <string_view>
-
-#include "dcr/error.hpp"
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <dlfcn.h>
@@ -30,14 +24,6 @@ namespace dcr::exec {
 
 /// Where the data-parallel steps run.
 enum class device_kind : unsigned char { cpu = 0, cuda = 1 };
-
-/// "cpu" or "cuda" (as a `--device` flag takes). Throws errc::invalid_argument otherwise.
-inline device_kind parse_device(std::string_view name) {
-  if (name == "cpu") return device_kind::cpu;
-  if (name == "cuda") return device_kind::cuda;
-  throw error(errc::invalid_argument,
-              "--device: unknown device '" + std::string(name) + "' (expected cpu or cuda)");
-}
 
 inline const char* device_name(device_kind k) noexcept {
   return k == device_kind::cuda ? "cuda" : "cpu";
@@ -97,34 +83,6 @@ inline cuda_probe probe_cuda() {
   p.detail = "this platform cannot load the CUDA driver at run time";
 #endif
   return p;
-}
-
-/// The device a run uses, and how to describe it in a summary line.
-struct device_selection {
-  device_kind kind = device_kind::cpu;
-  std::string description;  ///< "cpu" or "cuda: <device 0 name> (<n> devices)"
-};
-
-/// Confirms that `requested` can run here. cpu always can. cuda needs a device the driver sees
-/// and a build with the CUDA backend; otherwise throws errc::device_error with a message that
-/// starts "no CUDA device present" (or says the build lacks the backend) and gives the reason.
-inline device_selection select_device(device_kind requested,
-                                      bool backend_compiled = cuda_backend_compiled) {
-  device_selection s;
-  s.kind = requested;
-  if (requested == device_kind::cpu) {
-    s.description = "cpu";
-    return s;
-  }
-  const cuda_probe p = probe_cuda();
-  DCR_EXPECTS(p.devices > 0, errc::device_error,
-              "--device cuda: no CUDA device present (" + p.detail + "); run with --device cpu");
-  DCR_EXPECTS(backend_compiled, errc::device_error,
-              "--device cuda: this build has no CUDA backend (configure with -Dcuda=enabled "
-              "and nvcc on PATH); run with --device cpu");
-  s.description = "cuda: " + (p.name.empty() ? std::string("device 0") : p.name) + " (" +
-                  std::to_string(p.devices) + (p.devices == 1 ? " device)" : " devices)");
-  return s;
 }
 
 }  // namespace dcr::exec
