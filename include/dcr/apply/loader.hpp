@@ -106,7 +106,7 @@ struct archetype_sink {
 /// A sink for words W: receives a loader's final storage copies (identity, or with an element
 /// transform into storage words of any width) and explicit skips.
 template <class S, class W>
-concept sink_for = storage_word<W> && std::same_as<typename S::sink_concept, sink_tag> &&
+concept sink_for = storage_word<W> && std::derived_from<typename S::sink_concept, sink_tag> &&
                    requires(S& s, tensor_view<W> dst, tensor_view<std::uint32_t> dst32,
                             tensor_view<std::uint16_t> dst16, tensor_view<const W> src,
                             element_transform tr, const canonical_tensor& t) {
@@ -123,7 +123,7 @@ static_assert(sink_for<detail::archetype_sink<std::uint16_t>, std::uint16_t>);
 /// `load` must compile against the archetype sink, i.e. use nothing beyond copy() and skip().
 template <class L, class W>
 concept loader_for =
-    storage_word<W> && std::same_as<typename std::remove_cvref_t<L>::loader_concept, loader_tag> &&
+    storage_word<W> && std::derived_from<typename std::remove_cvref_t<L>::loader_concept, loader_tag> &&
     requires(L& l, const canonical_tensor& t, tensor_view<const W> src,
              detail::archetype_sink<W>& sink) { l.load(t, src, sink); };
 

@@ -36,7 +36,7 @@ struct value_encoding_tag {};
 /// encoder, the apply sinks and the CUDA kernels share this one definition.
 template <class E>
 concept value_encoding =
-    std::same_as<typename E::encoding_concept, value_encoding_tag> &&
+    std::derived_from<typename E::encoding_concept, value_encoding_tag> &&
     std::same_as<std::remove_cv_t<decltype(E::id)>, encoding> &&
     std::same_as<std::remove_cv_t<decltype(E::idempotent)>, bool> &&
     std::same_as<std::remove_cv_t<decltype(E::needs_committed_bits)>, bool> &&

@@ -35,7 +35,7 @@ struct policy_tag {};
 /// An execution policy type: opts in through `policy_concept`.
 template <class P>
 concept execution_policy =
-    std::same_as<typename std::remove_cvref_t<P>::policy_concept, policy_tag>;
+    std::derived_from<typename std::remove_cvref_t<P>::policy_concept, policy_tag>;
 
 /// Caller-owned scratch memory of an algorithm, in the policy's memory space (host memory for
 /// cpu_policy, device memory for cuda_policy). `bytes` at least what the algorithm's

@@ -36,7 +36,7 @@ struct mapped_index {
 
 template <class M>
 concept index_mapping =
-    std::is_trivially_copyable_v<M> && std::same_as<typename M::mapping_concept, mapping_tag> &&
+    std::is_trivially_copyable_v<M> && std::derived_from<typename M::mapping_concept, mapping_tag> &&
     requires(const M& m, std::uint64_t i, std::uint32_t p) {
       { m.local_size() } -> std::same_as<std::uint64_t>;
       { m.parts() } -> std::same_as<std::uint32_t>;

@@ -64,7 +64,7 @@ struct key_write {
 
 template <class C>
 concept control_plane =
-    std::same_as<typename C::control_plane_concept, control_plane_tag> &&
+    std::derived_from<typename C::control_plane_concept, control_plane_tag> &&
     requires(C& c, const std::string& key, std::span<const key_compare> compares,
              std::span<const key_write> writes, std::int64_t revision,
              protocol_clock::time_point deadline, std::chrono::seconds ttl, lease_id lease) {

@@ -64,7 +64,7 @@ bool for_each_listed(const std::vector<owner_listing>& listing, std::span<const 
 
 template <class S>
 concept payload_source =
-    std::same_as<typename S::payload_source_concept, payload_source_tag> &&
+    std::derived_from<typename S::payload_source_concept, payload_source_tag> &&
     requires(S& s, const attempt_key& key, std::span<const std::uint32_t> owners, delivery& out,
              protocol_clock::time_point deadline, const payload_id& id,
              std::vector<std::byte>& bytes) {
