@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 #include "common.hpp"
 #include "dcr/io/safetensors.hpp"
@@ -62,13 +63,23 @@ nb::object word_array(std::conditional_t<Writable, std::span<std::byte>, std::sp
   }
 }
 
-}  // namespace
+// What every mapping class offers Python: its local size and the projection of one local
+// index to (part, canonical index). `cls` is the class being bound (an nb::class_).
+template <class Class>
+void add_mapping_members(Class&& cls) {
+  using mapping_type = typename std::remove_cvref_t<Class>::Type;
+  cls.def_prop_ro("local_size", &mapping_type::local_size)
+      .def("__call__", [](const mapping_type& b, std::uint64_t i) {
+        const auto r = b(i);
+        return std::make_pair(r.part, r.index);
+      }, nb::arg("local_index"), "(part, canonical flat index) of a local index.");
+}
 
-void bind_core(nb::module_& m) {
+// The registry: canonical tensors (name, dtype, shape) and their ids.
+void bind_registry(nb::module_& m) {
   m.def("dtype_size", [](const std::string& name) { return dcr::dtype_size(dtype_from_name(name, "dtype_size")); },
         nb::arg("dtype"), "Bytes per element of a dtype named as safetensors names it.");
 
-  // ---- registry
   nb::class_<dcr::tensor_registry>(m, "Registry",
       "The canonical tensors of one model (Hugging Face names, dtypes, shapes) with stable ids "
       "(positions in name order) and a fingerprint every payload carries.")
@@ -104,19 +115,19 @@ void bind_core(nb::module_& m) {
       .def("id", &dcr::tensor_registry::id, nb::arg("name"), "The id of a tensor; UnknownTensor if absent.")
       .def("tensor", [](const dcr::tensor_registry& r, const std::string& n) { return entry_of(r.at(r.id(n))); },
            nb::arg("name"), "(name, dtype, shape) of a tensor; UnknownTensor if absent.");
+}
 
-  // ---- mapping classes (dcr/mapping/*.hpp): the projection of a source shard
-  nb::class_<dcr::box>(m, "box", "A box [offsets, offsets + extents) of a canonical tensor, axes optionally permuted.")
+// The mapping classes (dcr/mapping/*.hpp): the projection of a source shard.
+void bind_mappings(nb::module_& m) {
+  add_mapping_members(nb::class_<dcr::box>(m, "box", "A box [offsets, offsets + extents) of a canonical tensor, axes optionally permuted.")
       .def("__init__",
            [](dcr::box* self, const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& offsets,
               const std::vector<std::int64_t>& extents, const std::vector<int>& axes) {
              new (self) dcr::box(shape, offsets, extents, axes);
            },
            nb::arg("shape"), nb::arg("offsets"), nb::arg("extents"), nb::arg("axes") = std::vector<int>{})
-      .def_prop_ro("local_size", &dcr::box::local_size)
-      .def("is_exhaustive", &dcr::box::is_exhaustive)
-      .def("__call__", [](const dcr::box& b, std::uint64_t i) { auto r = b(i); return std::make_pair(r.part, r.index); });
-  nb::class_<dcr::replicated>(m, "replicated", "The whole canonical tensor (norms, biases of row-parallel layers).")
+      .def("is_exhaustive", &dcr::box::is_exhaustive));
+  add_mapping_members(nb::class_<dcr::replicated>(m, "replicated", "The whole canonical tensor (norms, biases of row-parallel layers).")
       .def("__init__", [](dcr::replicated* self, const std::vector<std::int64_t>& shape) {
              std::int64_t n = 1;
              for (auto e : shape) {
@@ -124,34 +135,28 @@ void bind_core(nb::module_& m) {
                n *= e;
              }
              new (self) dcr::replicated(static_cast<std::uint64_t>(n));
-           }, nb::arg("shape"))
-      .def_prop_ro("local_size", &dcr::replicated::local_size)
-      .def("__call__", [](const dcr::replicated& b, std::uint64_t i) { auto r = b(i); return std::make_pair(r.part, r.index); });
-  nb::class_<dcr::row_split>(m, "row_split", "Rank `rank` of `world` holds a balanced range of rows (dimension 0).")
+           }, nb::arg("shape")));
+  add_mapping_members(nb::class_<dcr::row_split>(m, "row_split", "Rank `rank` of `world` holds a balanced range of rows (dimension 0).")
       .def("__init__", [](dcr::row_split* self, const std::vector<std::int64_t>& shape, int world, int rank) {
              new (self) dcr::row_split(shape, world, rank);
            }, nb::arg("shape"), nb::arg("world"), nb::arg("rank"))
-      .def_prop_ro("local_size", &dcr::row_split::local_size)
       .def_prop_ro("first_row", &dcr::row_split::first_row)
-      .def_prop_ro("rows", &dcr::row_split::rows)
-      .def("__call__", [](const dcr::row_split& b, std::uint64_t i) { auto r = b(i); return std::make_pair(r.part, r.index); });
-  nb::class_<dcr::column_split>(m, "column_split", "Rank `rank` of `world` holds a balanced range of columns (the last dimension).")
+      .def_prop_ro("rows", &dcr::row_split::rows));
+  add_mapping_members(nb::class_<dcr::column_split>(m, "column_split", "Rank `rank` of `world` holds a balanced range of columns (the last dimension).")
       .def("__init__", [](dcr::column_split* self, const std::vector<std::int64_t>& shape, int world, int rank) {
              new (self) dcr::column_split(shape, world, rank);
            }, nb::arg("shape"), nb::arg("world"), nb::arg("rank"))
-      .def_prop_ro("local_size", &dcr::column_split::local_size)
       .def_prop_ro("first_column", &dcr::column_split::first_column)
-      .def_prop_ro("local_columns", &dcr::column_split::local_columns)
-      .def("__call__", [](const dcr::column_split& b, std::uint64_t i) { auto r = b(i); return std::make_pair(r.part, r.index); });
-  nb::class_<dcr::stacked>(m, "stacked", "A stacked source [E, ...] whose slice e maps through `inner` into target e.")
+      .def_prop_ro("local_columns", &dcr::column_split::local_columns));
+  add_mapping_members(nb::class_<dcr::stacked>(m, "stacked", "A stacked source [E, ...] whose slice e maps through `inner` into target e.")
       .def("__init__", [](dcr::stacked* self, std::uint32_t experts, const dcr::box& inner) {
              new (self) dcr::stacked(experts, inner);
            }, nb::arg("experts"), nb::arg("inner"))
-      .def_prop_ro("local_size", &dcr::stacked::local_size)
-      .def_static("expert_of_stack", &dcr::stacked::expert_of_stack, nb::arg("stack_shape"), nb::arg("expert"))
-      .def("__call__", [](const dcr::stacked& b, std::uint64_t i) { auto r = b(i); return std::make_pair(r.part, r.index); });
+      .def_static("expert_of_stack", &dcr::stacked::expert_of_stack, nb::arg("stack_shape"), nb::arg("expert")));
+}
 
-  // ---- tasks
+// Affine and residual tasks, validated against the registry as they are made.
+void bind_tasks(nb::module_& m) {
   nb::class_<dcr::affine_task>(m, "AffineTask",
       "A source shard that maps element-wise into canonical tensors through a mapping class.")
       .def("__init__",
@@ -225,8 +230,10 @@ void bind_core(nb::module_& m) {
            nb::arg("registry"), nb::arg("name"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("convert"))
       .def_prop_ro("name", [](const dcr::residual_task& t) { return t.name; })
       .def_prop_ro("input_bytes", &dcr::residual_task::input_bytes);
+}
 
-  // ---- ownership (dcr/refit/ownership.hpp)
+// Ownership (dcr/refit/ownership.hpp): which rank compares which shard.
+void bind_ownership(nb::module_& m) {
   m.def("assign_owners",
         [](const std::vector<std::tuple<std::string, std::uint64_t, std::vector<std::uint32_t>>>& shards) {
           std::vector<dcr::shard_holding> h;
@@ -241,6 +248,15 @@ void bind_core(nb::module_& m) {
           return dcr::residual_owner(name, eligible);
         },
         nb::arg("name"), nb::arg("eligible"), "The owner of a residual task among the eligible ranks.");
+}
+
+}  // namespace
+
+void bind_core(nb::module_& m) {
+  bind_registry(m);
+  bind_mappings(m);
+  bind_tasks(m);
+  bind_ownership(m);
 }
 
 }  // namespace dcr_py
