@@ -392,27 +392,10 @@ class checkpoint_differ {
 /// Diffs OLD and NEW (safetensors files with the same tensor names, dtypes and shapes) into a
 /// delta file at `delta_path`, published atomically. Errors: those of the safetensors reader,
 /// require_same_tensors, the payload encoder, and io_error.
-inline diff_report diff_checkpoints(const std::filesystem::path& old_path,
-                                    const std::filesystem::path& new_path,
-                                    const std::filesystem::path& delta_path,
-                                    const diff_options& options = {}) {
-  const auto start = detail::clock::now();
-  DCR_EXPECTS(!same_file(delta_path, old_path) && !same_file(delta_path, new_path),
-              errc::invalid_argument,
-              "the delta '" + delta_path.string() + "' would replace OLD or NEW");
-  // With a worker thread, it maps the pages in ahead of the scan; without, the mappings are
-  // populated up front (cheaper than a fault per page).
-  const auto old_file = blame(input_fault::checkpoint,
-                              [&] { return safetensors_file::open(old_path, !options.worker_thread); });
-  const auto new_file = blame(input_fault::checkpoint,
-                              [&] { return safetensors_file::open(new_path, !options.worker_thread); });
-  checkpoint_differ differ(options);
-  auto report = differ.diff(old_file, new_file, delta_path);
-  const double opening = detail::seconds_since(start) - report.seconds;
-  report.seconds += opening;
-  report.scan_seconds += opening;
-  return report;
-}
+diff_report diff_checkpoints(const std::filesystem::path& old_path,
+                             const std::filesystem::path& new_path,
+                             const std::filesystem::path& delta_path,
+                             const diff_options& options = {});
 
 // ------------------------------------------------------------------------------------------------
 // apply
@@ -588,21 +571,7 @@ struct in_place_options {
 
 /// in_place_options whose crash_at comes from the environment variable DCR_CRASH_AT (a step
 /// name; unset or empty means none). invalid_argument for an unknown name.
-[[nodiscard]] inline in_place_options in_place_options_from_environment() {
-  in_place_options o;
-  const char* v = std::getenv("DCR_CRASH_AT");
-  if (v == nullptr || *v == '\0') return o;
-  o.crash_at = parse_in_place_step(v);
-  if (const char* shard = std::getenv("DCR_CRASH_SHARD"); shard != nullptr && *shard != '\0')
-    o.crash_shard = static_cast<std::size_t>(std::strtoull(shard, nullptr, 10));
-  if (!o.crash_at) {
-    std::string names;
-    for (auto n : in_place_step_names) names += (names.empty() ? "" : ", ") + std::string(n);
-    throw error(errc::invalid_argument,
-                "DCR_CRASH_AT='" + std::string(v) + "' is not a step (" + names + ")");
-  }
-  return o;
-}
+[[nodiscard]] in_place_options in_place_options_from_environment();
 
 /// Takes the in-place lock of directory `dir` (an exclusive flock(2) on the directory itself,
 /// released when the result is destroyed): every in-place apply and recovery of a file or shard
@@ -610,17 +579,8 @@ struct in_place_options {
 /// journal temporaries, or roll forward a journal being written). If another process holds it,
 /// waits (calling options.on_lock_wait first) or, with options.wait_for_lock false, throws
 /// not_ready naming the directory.
-[[nodiscard]] inline directory_lock in_place_lock(const std::filesystem::path& dir,
-                                                  const in_place_options& options) {
-  auto lock = directory_lock::try_acquire(dir);
-  if (lock.held()) return lock;
-  DCR_EXPECTS(options.wait_for_lock, errc::not_ready,
-              "another in-place apply or recovery is working in the directory '" + dir.string() +
-                  "' (it holds the directory's lock); wait for it to finish, or omit --no-wait "
-                  "to wait for it");
-  if (options.on_lock_wait) options.on_lock_wait(dir);
-  return directory_lock::acquire(dir);
-}
+[[nodiscard]] directory_lock in_place_lock(const std::filesystem::path& dir,
+                                           const in_place_options& options);
 
 /// What recover_in_place found and did.
 struct recover_report {
@@ -718,36 +678,9 @@ inline recover_report recover_in_place(const std::filesystem::path& base,
 /// working name, writes the new words, verifies the result's digest, renames it back and removes
 /// the journal. BASE must be a regular file with one link (a symbolic link is refused with what
 /// to do instead).
-inline apply_report apply_delta_in_place(const std::filesystem::path& delta_path,
-                                         const std::filesystem::path& base_path,
-                                         const in_place_options& options = {}) {
-  const auto start = detail::clock::now();
-  const auto lock = in_place_lock(parent_directory(base_path), options);
-  apply_report report;
-  report.recovered = detail::recover_in_place_locked(base_path, options).journal_found;
-  require_single_regular_file(base_path, "in-place apply: BASE");
-  auto d = blame(input_fault::delta, [&] { return delta_file::open(delta_path); });
-  // The work: prepare_work, then finish_work with BASE hidden (its journal writes one word per
-  // changed element of the delta).
-  detail::progress_meter meter(
-      options.progress,
-      options.progress ? detail::prepare_work(d) + detail::changed_bytes(d, false) + d.tensor_bytes()
-                       : 0);
-  if (!detail::prepare_in_place(d, base_path, journal_path(base_path), options, true, report,
-                                meter)) {
-    if (meter.enabled()) meter.advance(detail::changed_bytes(d, false) + d.tensor_bytes());
-    report.seconds = detail::seconds_since(start);
-    return report;
-  }
-  rename_durably(base_path, working_path(base_path));
-  detail::crash_point(options, in_place_step::base_hidden);
-  const auto journal = journal_path(base_path);
-  const auto j = delta_file::open(journal, container_kind::journal);
-  recover_report r;
-  detail::finish_from_journal(j, journal, base_path, options, r, true, meter);
-  report.seconds = detail::seconds_since(start);
-  return report;
-}
+apply_report apply_delta_in_place(const std::filesystem::path& delta_path,
+                                  const std::filesystem::path& base_path,
+                                  const in_place_options& options = {});
 
 }  // namespace dcr::io
 

@@ -48,23 +48,8 @@ nlohmann::ordered_json inspect_json(const delta_file& d, const std::string& file
 /// delta; a journal holds its base's header), that safetensors file is checked against the
 /// delta as apply checks it (tensors and header, not the tensor bytes: input_fault::wrong_base)
 /// and bound to it, so that inspect_json lists the tensors by name.
-[[nodiscard]] inline delta_file open_for_inspect(const std::filesystem::path& path,
-                                                 const std::optional<std::filesystem::path>& base) {
-  auto kind = container_kind::delta;
-  {
-    std::ifstream in(path, std::ios::binary);
-    char magic[8] = {};
-    in.read(magic, 8);
-    if (in.gcount() == 8 && std::memcmp(magic, delta_format::journal_magic.data(), 8) == 0)
-      kind = container_kind::journal;
-  }
-  auto d = blame(input_fault::delta, [&] { return delta_file::open(path, kind); });
-  if (base && kind == container_kind::delta) {
-    const auto f = blame(input_fault::checkpoint, [&] { return safetensors_file::open(*base); });
-    detail::bind_delta_base(d, f, "BASE '" + base->string() + "'");
-  }
-  return d;
-}
+[[nodiscard]] delta_file open_for_inspect(const std::filesystem::path& path,
+                                          const std::optional<std::filesystem::path>& base);
 
 }  // namespace dcr::io
 

@@ -183,4 +183,22 @@ inline nlohmann::ordered_json inspect_json(const delta_file& d, const std::strin
   return j;
 }
 
+inline delta_file open_for_inspect(const std::filesystem::path& path,
+                                   const std::optional<std::filesystem::path>& base) {
+  auto kind = container_kind::delta;
+  {
+    std::ifstream in(path, std::ios::binary);
+    char magic[8] = {};
+    in.read(magic, 8);
+    if (in.gcount() == 8 && std::memcmp(magic, delta_format::journal_magic.data(), 8) == 0)
+      kind = container_kind::journal;
+  }
+  auto d = blame(input_fault::delta, [&] { return delta_file::open(path, kind); });
+  if (base && kind == container_kind::delta) {
+    const auto f = blame(input_fault::checkpoint, [&] { return safetensors_file::open(*base); });
+    detail::bind_delta_base(d, f, "BASE '" + base->string() + "'");
+  }
+  return d;
+}
+
 }  // namespace dcr::io

@@ -310,3 +310,343 @@ inline recover_report recover_sharded_locked(const std::filesystem::path& dir,
 }
 
 }  // namespace dcr::io::detail
+
+namespace dcr::io {
+
+inline std::filesystem::path find_safetensors_index(
+    const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const auto name = e.path().filename().string();
+    constexpr std::string_view suffix = ".safetensors.index.json";
+    if (name.size() > suffix.size() && name[0] != '.' &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      found.push_back(e.path());
+  }
+  if (ec) throw_io_error("cannot list the directory", dir, ec.value());
+  DCR_EXPECTS(!found.empty(), errc::invalid_argument,
+              "the directory '" + dir.string() +
+                  "' holds no safetensors index (*.safetensors.index.json): not a sharded "
+                  "checkpoint");
+  std::sort(found.begin(), found.end());
+  DCR_EXPECTS(found.size() == 1, errc::invalid_argument,
+              "the directory '" + dir.string() + "' holds more than one safetensors index ('" +
+                  found[0].filename().string() + "', '" + found[1].filename().string() + "')");
+  return found[0];
+}
+
+inline sharded_checkpoint open_sharded_checkpoint(const std::filesystem::path& dir) {
+  sharded_checkpoint c;
+  c.dir = detail::without_trailing_separator(dir);
+  c.index_path = find_safetensors_index(c.dir);
+  c.index_name = c.index_path.filename().string();
+  c.index_json = detail::read_whole_file(c.index_path);
+  const std::string where = "the index '" + c.index_path.string() + "'";
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(c.index_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw error(errc::corrupt_payload, where + " is not valid JSON (" + e.what() + ")");
+  }
+  DCR_EXPECTS(doc.is_object() && doc.contains("weight_map") && doc["weight_map"].is_object(),
+              errc::corrupt_payload, where + " has no \"weight_map\" object");
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : doc["weight_map"].items()) {
+    DCR_EXPECTS(file.is_string(), errc::corrupt_payload,
+                where + ": the weight_map entry of '" + tensor + "' is not a file name string");
+    const auto name = file.get<std::string>();
+    detail::require_plain_file_name(name, where);
+    c.weight_map.emplace(tensor, name);
+    shards.insert(name);
+  }
+  DCR_EXPECTS(!shards.empty(), errc::corrupt_payload, where + " has an empty weight_map");
+  c.shards.assign(shards.begin(), shards.end());
+  return c;
+}
+
+inline diff_report diff_sharded_checkpoints(const std::filesystem::path& old_dir,
+                                            const std::filesystem::path& new_dir,
+                                            const std::filesystem::path& delta_path,
+                                            const diff_options& options) {
+  const auto start = detail::clock::now();
+  const auto old_c = blame(input_fault::checkpoint, [&] { return open_sharded_checkpoint(old_dir); });
+  const auto new_c = blame(input_fault::checkpoint, [&] { return open_sharded_checkpoint(new_dir); });
+  blame(input_fault::checkpoint, [&] {
+  DCR_EXPECTS(old_c.index_name == new_c.index_name, errc::invalid_argument,
+              "OLD's index is '" + old_c.index_path.string() + "', NEW's '" +
+                  new_c.index_path.string() + "': the index files must have the same name");
+  for (const auto& [tensor, file] : old_c.weight_map) {
+    const auto it = new_c.weight_map.find(tensor);
+    DCR_EXPECTS(it != new_c.weight_map.end(), errc::unknown_tensor,
+                "tensor '" + tensor + "' is in OLD's index '" + old_c.index_path.string() +
+                    "' but not in NEW's '" + new_c.index_path.string() +
+                    "' (added or removed tensors are not supported)");
+    DCR_EXPECTS(it->second == file, errc::invalid_argument,
+                "tensor '" + tensor + "' is in '" + file + "' in OLD and in '" + it->second +
+                    "' in NEW: re-sharded checkpoints are not supported (diff the shards' "
+                    "contents with the same sharding)");
+  }
+  for (const auto& [tensor, file] : new_c.weight_map)
+    DCR_EXPECTS(old_c.weight_map.count(tensor) != 0, errc::unknown_tensor,
+                "tensor '" + tensor + "' is in NEW's index '" + new_c.index_path.string() +
+                    "' but not in OLD's '" + old_c.index_path.string() +
+                    "' (added or removed tensors are not supported)");
+  });
+  for (const auto& shard : old_c.shards)
+    DCR_EXPECTS(!same_file(delta_path, old_c.shard_path(shard)) &&
+                    !same_file(delta_path, new_c.shard_path(shard)),
+                errc::invalid_argument,
+                "the delta '" + delta_path.string() + "' would replace a shard of OLD or NEW");
+
+  // Each shard's delta goes to a hidden temporary file beside the output, removed at the end.
+  struct temporaries {
+    std::vector<std::filesystem::path> paths;
+    ~temporaries() {
+      for (const auto& p : paths) ::unlink(p.c_str());
+    }
+  } temps;
+  diff_report report;
+  // Progress over all shards: the shards' tensor bytes, from their headers.
+  std::uint64_t all_bytes = 0;
+  for (const auto& shard : old_c.shards) {
+    const auto f = blame(input_fault::checkpoint,
+                         [&] { return safetensors_file::open(old_c.shard_path(shard)); });
+    all_bytes += f.header().buffer_size();
+  }
+  auto shard_options = options;
+  if (options.progress)
+    shard_options.progress = [&](std::uint64_t done, std::uint64_t) {
+      options.progress(report.tensor_bytes + done, all_bytes);
+    };
+  checkpoint_differ differ(shard_options);
+  std::vector<std::uint64_t> sizes;
+  for (std::size_t i = 0; i < old_c.shards.size(); ++i) {
+    const auto& shard = old_c.shards[i];
+    const auto old_file = blame(input_fault::checkpoint, [&] {
+      return safetensors_file::open(old_c.shard_path(shard), !options.worker_thread);
+    });
+    const auto new_file = blame(input_fault::checkpoint, [&] {
+      return safetensors_file::open(new_c.shard_path(shard), !options.worker_thread);
+    });
+    blame(input_fault::checkpoint, [&] {
+      require_index_matches_shard(old_c, shard, old_file.header());
+      require_index_matches_shard(new_c, shard, new_file.header());
+    });
+    temps.paths.push_back(hidden_sibling(
+        delta_path, ".shard-" + std::to_string(i) + ".tmp-" + std::to_string(::getpid())));
+    const auto r = differ.diff(old_file, new_file, temps.paths.back());
+    report.tensors += r.tensors;
+    report.changed_tensors += r.changed_tensors;
+    report.elements += r.elements;
+    report.changed_elements += r.changed_elements;
+    report.checkpoint_bytes += r.checkpoint_bytes;
+    report.tensor_bytes += r.tensor_bytes;
+    report.payloads += r.payloads;
+    report.items += r.items;
+    for (std::size_t e = 0; e < 3; ++e) {
+      report.items_by_encoding[e] += r.items_by_encoding[e];
+      report.records_by_encoding[e] += r.records_by_encoding[e];
+    }
+    report.scan_seconds += r.scan_seconds;
+    report.encode_seconds += r.encode_seconds;
+    report.write_seconds += r.write_seconds;
+    report.wait_seconds += r.wait_seconds;
+    sizes.push_back(r.delta_bytes);
+  }
+
+  const auto t0 = detail::clock::now();
+  nlohmann::ordered_json manifest;
+  manifest["version"] = sharded_delta_format::version;
+  manifest["index"] = new_c.index_name;
+  manifest["result_index"] = new_c.index_json;
+  // The offsets depend on the manifest's length, which depends on the offsets' digits: settle
+  // it by iterating (two rounds at most, since offsets only grow).
+  std::string text;
+  std::uint64_t manifest_size = 0;
+  for (int round = 0; round < 4; ++round) {
+    auto shards = nlohmann::ordered_json::array();
+    std::uint64_t offset = sharded_delta_format::prefix_size + manifest_size;
+    for (std::size_t i = 0; i < old_c.shards.size(); ++i) {
+      shards.push_back({{"file", old_c.shards[i]}, {"offset", offset}, {"bytes", sizes[i]}});
+      offset += sizes[i];
+    }
+    manifest["shards"] = shards;
+    text = manifest.dump();
+    if (text.size() == manifest_size) break;
+    manifest_size = text.size();
+  }
+  DCR_EXPECTS(text.size() == manifest_size, errc::overflow,
+              "sharded delta: the manifest's length did not settle");
+
+  atomic_file out(delta_path);
+  digest_stream digest;
+  std::uint64_t at = 0;
+  const auto put = [&](std::span<const std::byte> bytes) {
+    out.write_at(bytes, at);
+    digest.update(bytes);
+    at += bytes.size();
+  };
+  std::array<std::byte, sharded_delta_format::prefix_size> prefix{};
+  std::memcpy(prefix.data(), sharded_delta_format::magic.data(), 8);
+  dcr::detail::store_le<std::uint64_t>(prefix.data() + 8, text.size());
+  put(prefix);
+  put(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  for (const auto& p : temps.paths) {
+    const auto f = mapped_file::open_read(p);
+    put(f.bytes());
+  }
+  const auto d = digest.digest();
+  put(std::as_bytes(std::span<const std::uint8_t>(d.bytes.data(), d.bytes.size())));
+  out.commit();
+  report.delta_bytes = at;
+  report.write_seconds += detail::seconds_since(t0);
+  report.seconds = detail::seconds_since(start);
+  return report;
+}
+
+inline apply_report apply_sharded_delta(const std::filesystem::path& delta_path,
+                                        const std::filesystem::path& base_dir,
+                                        const std::filesystem::path& out_dir_arg,
+                                        const apply_options& options) {
+  const auto start = detail::clock::now();
+  const auto out_dir = detail::without_trailing_separator(out_dir_arg);
+  auto d = blame(input_fault::delta, [&] { return sharded_delta_file::open(delta_path); });
+  const auto base =
+      blame(input_fault::checkpoint, [&] { return open_sharded_checkpoint(base_dir); });
+  blame(input_fault::wrong_base, [&] { detail::require_sharded_base(d, base); });
+  {
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(out_dir, ec);
+    DCR_EXPECTS(!exists || (std::filesystem::is_directory(out_dir, ec) &&
+                            std::filesystem::is_empty(out_dir, ec)),
+                errc::invalid_argument,
+                "OUT '" + out_dir.string() + "' exists and is not an empty directory");
+    DCR_EXPECTS(!same_file(out_dir, base.dir), errc::invalid_argument,
+                "OUT '" + out_dir.string() + "' is BASE itself; use the in-place apply");
+  }
+  detail::directory_remover temp;
+  {
+    std::random_device rd;
+    for (int attempt = 0; temp.dir.empty(); ++attempt) {
+      const auto p = hidden_sibling(out_dir, ".tmp-" + std::to_string(::getpid()) + "-" +
+                                                 std::to_string(rd() % 1000000007u));
+      if (::mkdir(p.c_str(), 0755) == 0) temp.dir = p;
+      else if (errno != EEXIST || attempt > 16) throw_io_error("cannot create", p, errno);
+    }
+  }
+  std::uint64_t work = 0;
+  if (options.progress)
+    for (const auto& s : d.shards()) work += detail::apply_work(s.delta);
+  detail::progress_meter meter(options.progress, work);
+  apply_report report;
+  for (auto& s : d.shards()) {
+    const auto r =
+        detail::apply_delta_metered(s.delta, base.shard_path(s.file), temp.dir / s.file, meter);
+    report.tensors += r.tensors;
+    report.payloads += r.payloads;
+    report.records += r.records;
+    report.output_bytes += r.output_bytes;
+  }
+  detail::write_file_atomically(temp.dir / d.index_name(), d.result_index(),
+                                permission_bits(base.index_path));
+  sync_directory(temp.dir);
+  if (::rename(temp.dir.c_str(), out_dir.c_str()) != 0)
+    throw_io_error("cannot rename to '" + out_dir.string() + "' the directory", temp.dir, errno);
+  temp.dir.clear();
+  sync_directory(parent_directory(out_dir));
+  report.seconds = detail::seconds_since(start);
+  return report;
+}
+
+inline apply_report apply_sharded_delta_in_place(const std::filesystem::path& delta_path,
+                                                 const std::filesystem::path& dir_arg,
+                                                 const in_place_options& options) {
+  const auto start = detail::clock::now();
+  const auto dir = detail::without_trailing_separator(dir_arg);
+  const auto lock = in_place_lock(dir, options);
+  apply_report report;
+  report.recovered = detail::recover_sharded_locked(dir, options).journal_found;
+  auto d = blame(input_fault::delta, [&] { return sharded_delta_file::open(delta_path); });
+  const auto base = blame(input_fault::checkpoint, [&] { return open_sharded_checkpoint(dir); });
+  blame(input_fault::wrong_base, [&] { detail::require_sharded_base(d, base); });
+  for (const auto& s : d.shards())
+    require_single_regular_file(base.shard_path(s.file), "in-place apply: shard");
+
+  detail::directory_remover temp;
+  {
+    std::random_device rd;
+    for (int attempt = 0; temp.dir.empty(); ++attempt) {
+      const auto p = sharded_journal_temporary(
+          dir, std::to_string(::getpid()) + "-" + std::to_string(rd() % 1000000007u));
+      if (::mkdir(p.c_str(), 0755) == 0) temp.dir = p;
+      else if (errno != EEXIST || attempt > 16) throw_io_error("cannot create", p, errno);
+    }
+  }
+  // The work of each shard: prepare_work, then finish_work with the shard in place (its journal
+  // writes one word per changed element of its delta).
+  const auto finish_work = [](const delta_file& shard) {
+    return 2 * shard.tensor_bytes() + detail::changed_bytes(shard, false);
+  };
+  std::uint64_t work = 0;
+  if (options.progress)
+    for (const auto& s : d.shards()) work += detail::prepare_work(s.delta) + finish_work(s.delta);
+  detail::progress_meter meter(options.progress, work);
+  std::vector<std::string> applied_already;  // shards holding their result (not their base)
+  std::vector<std::string> to_apply;         // shards holding their base (and not their result)
+  nlohmann::ordered_json listing;
+  listing["index"] = d.index_name();
+  listing["shards"] = nlohmann::ordered_json::array();
+  for (auto& s : d.shards()) {
+    apply_report r;
+    const bool journaled = detail::prepare_in_place(s.delta, base.shard_path(s.file),
+                                                    detail::shard_journal_in(temp.dir, s.file),
+                                                    options, false, r, meter);
+    // A shard whose delta changes neither its tensors nor its header holds its base and its
+    // result at once: prepare_in_place finds it "applied already"; it needs no journal.
+    const bool unchanged = s.delta.base_digest() == s.delta.result_digest() &&
+                           s.delta.base_header_digest() == s.delta.target_header_digest();
+    if (!journaled) {
+      if (meter.enabled()) meter.advance(finish_work(s.delta));  // nothing to finish
+      if (!unchanged) applied_already.push_back(s.file);
+      report.tensors += r.tensors;
+      report.output_bytes += r.output_bytes;
+      continue;
+    }
+    to_apply.push_back(s.file);
+    listing["shards"].push_back(s.file);
+    report.tensors += r.tensors;
+    report.payloads += r.payloads;
+    report.records += r.records;
+    report.output_bytes += r.output_bytes;
+  }
+  if (!applied_already.empty() && !to_apply.empty())
+    throw input_error(input_fault::wrong_base, errc::verification_failed,
+                      "wrong base: BASE '" + dir.string() + "' is partly the delta's result: "
+                      "shard '" + applied_already.front() + "' holds its result, shard '" +
+                          to_apply.front() + "' its base (changed outside dcr?); nothing was "
+                          "changed");
+  if (to_apply.empty() && base.index_json == d.result_index()) {
+    report.already_applied = true;
+    report.seconds = detail::seconds_since(start);
+    return report;
+  }
+  detail::write_file_atomically(temp.dir / std::string(detail::sharded_journal_index),
+                                d.result_index(), 0644);
+  detail::write_file_atomically(temp.dir / std::string(detail::sharded_journal_manifest),
+                                listing.dump(), 0644);
+  sync_directory(temp.dir);
+  detail::crash_point(options, in_place_step::journal_written);
+  const auto journal = sharded_journal_path(dir);
+  if (::rename(temp.dir.c_str(), journal.c_str()) != 0)
+    throw_io_error("cannot rename to '" + journal.string() + "' the directory", temp.dir, errno);
+  temp.dir.clear();
+  sync_directory(dir);
+  detail::crash_point(options, in_place_step::journal_committed);
+  recover_report r;
+  detail::finish_sharded_journal(dir, options, r, &meter);
+  report.seconds = detail::seconds_since(start);
+  return report;
+}
+
+}  // namespace dcr::io
