@@ -75,7 +75,7 @@ struct transition_report {
 };
 
 /// A payload source behind a virtual interface, so the driver can hand receivers decorated
-/// sources (the fault injection of tests/support/dcr/testing/faults.hpp) without knowing their
+/// sources (the fault injection of tools/sim/dcr/testing/faults.hpp) without knowing their
 /// types.
 class payload_source_base {
  public:
