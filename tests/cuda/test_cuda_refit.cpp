@@ -1,34 +1,63 @@
-// tests/cuda/test_cuda_refit.cu: the owner's detect stage and the receiver's apply stage on the
+// tests/cuda/test_cuda_refit.cpp: the owner's detect stage and the receiver's apply stage on the
 // GPU (dcr/exec/refit.hpp with dcr::exec::cuda_policy, what `dcr simulate --device cuda` runs)
 // against deployments without backends: whole refits through the protocol's agents on random
 // trainer and engine layouts, a retry included, must send the same payloads, end bit for bit
 // equal to a dense refit, and keep the device trackers equal to the owners'. The same code on
 // the CPU policy: tests/exec/test_refit_backends.cpp. Exit 0 = pass, 1 = fail, 77 = skip.
-#include <cuda_runtime_api.h>
-
+//
+// A host C++ unit: the deployments, agents and checks compile with the host compiler; only the
+// backends (cuda_backends.cu) go through nvcc.
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "dcr/kernels/cuda_check.cuh"
-#include "dcr/kernels/exec.cuh"
 #include "../random_deployment.hpp"
-#include "cuda_test.hpp"
+#include "cuda_backends.hpp"
+#include "dcr/testing/faults.hpp"
 
 namespace {
 
-namespace ex = dcr::exec;
-using dcr_test::check;
+int failures = 0;
 
-void one_deployment(int seed, const ex::cuda_policy& policy) {
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    ++failures;
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+}
+
+/// The CUDA backends on every owner and receiver of a started deployment.
+struct installed_backends {
+  std::vector<std::unique_ptr<dcr_test::cuda_detect_backend>> detectors;
+  std::vector<std::unique_ptr<dcr_test::cuda_apply_backend>> appliers;
+
+  installed_backends(dcr::sim::in_process_deployment& d, const dcr_test::cuda_session& session) {
+    for (std::size_t k = 0; k < d.owner_count(); ++k) {
+      detectors.push_back(session.make_detect());
+      d.owner_at(k).set_detect_backend(detectors.back().get());
+    }
+    for (std::size_t r = 0; r < d.receiver_count(); ++r) {
+      appliers.push_back(session.make_apply(d.storage_at(r).buffers()));
+      appliers.back()->upload_storage();
+      d.receiver_at(r).set_apply_backend(appliers.back().get());
+    }
+  }
+  void download() {
+    for (auto& a : appliers) a->download_storage();
+  }
+};
+
+void one_deployment(int seed, const dcr_test::cuda_session& session) {
   dcr::sim::rng g(static_cast<std::uint64_t>(seed) * 7919);
   const auto o = dcr_test::random_deployment(g, seed);
   const std::string label = "seed " + std::to_string(seed);
   dcr::sim::in_process_deployment plain(o), with(o);
   plain.start();
   with.start();
-  dcr_test::policy_backends<ex::cuda_policy> backends(with, policy, "cuda");
+  installed_backends backends(with, session);
   int step = 0;
   for (double rate : {0.01, 0.3, 0.0, 1.0, 0.01}) {
     ++step;
@@ -43,9 +72,9 @@ void one_deployment(int seed, const ex::cuda_policy& policy) {
       };
     const auto a = plain.refit({}, faults);
     const auto c = with.refit({}, faults);
-    std::string failures;
-    for (const auto& x : c.attempts) failures += x.failure + "; ";
-    check(a.committed && c.committed, at + ": not committed (" + failures + ")");
+    std::string why;
+    for (const auto& x : c.attempts) why += x.failure + "; ";
+    check(a.committed && c.committed, at + ": not committed (" + why + ")");
     if (!a.committed || !c.committed || a.attempts.empty() || c.attempts.empty()) return;
     check(a.attempts.back().payload_bytes == c.attempts.back().payload_bytes &&
               a.attempts.back().changed_elements == c.attempts.back().changed_elements,
@@ -66,12 +95,23 @@ void one_deployment(int seed, const ex::cuda_policy& policy) {
 }  // namespace
 
 int main() {
-  return dcr_test::run_cuda_test("cuda refit backends: bit-exact", [] {
-    cudaStream_t stream = nullptr;
-    DCR_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    const ex::cuda_policy policy = ex::cuda_policy{}.on(stream);
-    for (int seed = 1; seed <= 8; ++seed) one_deployment(seed, policy);
-    DCR_CUDA_TRY(cudaStreamSynchronize(stream));
-    DCR_CUDA_TRY(cudaStreamDestroy(stream));
-  });
+  std::string why;
+  if (!dcr_test::cuda_device_present(why)) {
+    std::printf("no CUDA device: skipping (%s)\n", why.c_str());
+    return 77;
+  }
+  try {
+    const dcr_test::cuda_session session;
+    for (int seed = 1; seed <= 8; ++seed) one_deployment(seed, session);
+    session.synchronize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "FAIL: exception: %s\n", e.what());
+    return 1;
+  }
+  if (failures != 0) {
+    std::fprintf(stderr, "%d check(s) failed\n", failures);
+    return 1;
+  }
+  std::printf("cuda refit backends: bit-exact\n");
+  return 0;
 }
