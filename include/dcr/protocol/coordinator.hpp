@@ -72,7 +72,9 @@ struct attempt_summary {
 struct transition_summary {
   std::uint64_t base_version = 0, target_version = 0;
   bool committed = false;
-  bool committed_by_other = false;  ///< another coordinator's commit transaction won
+  /// Another coordinator's commit transaction won (false when this coordinator's own commit
+  /// applied, even if its answer was lost and only a retry found it).
+  bool committed_by_other = false;
   std::vector<attempt_summary> attempts;  ///< restores included
   std::uint64_t restores = 0;
   double seconds = 0;        ///< prepare (the first attempt record written) to commit
@@ -103,7 +105,14 @@ class coordinator {
 
   [[nodiscard]] const coordinator_options& options() const noexcept { return options_; }
 
+  /// A name unique to this coordinator object (host, pid, random); its commit records carry it
+  /// (commit_record::coordinator).
+  [[nodiscard]] const std::string& incarnation() const noexcept { return incarnation_; }
+
  private:
+  // committed: this coordinator's transaction applied (also when its answer was lost and the
+  // retry found the record it wrote); by_other: another coordinator's transaction committed
+  // the same attempt; lost: something else was committed.
   enum class commit_result { committed, by_other, lost };
 
   // The commit record, which must still hold version v: another coordinator committing during
@@ -159,6 +168,7 @@ class coordinator {
   std::uint64_t fingerprint_;
   std::vector<std::uint32_t> owners_;
   coordinator_options options_;
+  std::string incarnation_ = make_incarnation();
   bool started_ = false;  // min_receivers was met once
   // When prepare first saw a member still registered at the previous version (see prepare).
   std::optional<protocol_clock::time_point> lagging_since_;

@@ -108,7 +108,8 @@ transition_summary coordinator<Plane, Store>::run_transition(const std::string& 
     if (now.value.version == v + 1 && now.value.attempt == open->value.key.number &&
         now.value.candidate == open->value.candidate) {
       summary.committed = true;
-      out.committed = out.committed_by_other = true;
+      out.committed = true;
+      out.committed_by_other = now.value.coordinator != incarnation_;
       out.attempts.push_back(std::move(summary));
       break;
     }
@@ -441,6 +442,7 @@ coordinator<Plane, Store>::commit_result coordinator<Plane, Store>::commit_attem
   next.registry_fingerprint = fingerprint_;
   next.membership_epoch = open.value.membership_epoch;
   next.candidate = open.value.candidate;
+  next.coordinator = incarnation_;
   std::uint64_t digest = 0;
   for (const auto& r : s.reports)
     digest = XXH64(&r.manifest_digest, sizeof r.manifest_digest, digest);
@@ -459,9 +461,14 @@ coordinator<Plane, Store>::commit_result coordinator<Plane, Store>::commit_attem
   } catch (const error& e) {
     if (e.dcr_code() != errc::deadline_exceeded) throw;
   }
-  // A transaction whose answer was lost (an outage) may have applied: the record tells.
+  if (ok) return commit_result::committed;
+  // A transaction whose answer was lost (an outage) may have applied, and its retry then fails
+  // the compares: the record tells whose transaction it was.
   const auto now = must_read<commit_record>(keys.commit(), deadline);
-  if (now.value == next) return ok ? commit_result::committed : commit_result::by_other;
+  if (now.value == next) return commit_result::committed;  // ours: written by this coordinator
+  commit_record same_attempt = now.value;
+  same_attempt.coordinator = next.coordinator;
+  if (same_attempt == next) return commit_result::by_other;  // this attempt, by another one
   return commit_result::lost;
 }
 
