@@ -139,6 +139,38 @@ class coordinator {
       const std::optional<typed_record<attempt_record>>& previous,
       protocol_clock::time_point deadline, transition_summary& out);
 
+  // prepare(), step by step:
+  // (1) waits until every expected owner is registered at v holding `candidate`;
+  void wait_for_owners(std::uint64_t v, const std::string& candidate,
+                       protocol_clock::time_point deadline);
+  // the live receiver registrations, and the store revision taken just before reading them
+  // (a wait from it wakes on any change after that);
+  struct receivers_seen {
+    std::int64_t revision = 0;
+    std::map<std::string, receiver_registration> regs;
+  };
+  receivers_seen look_at_receivers(protocol_clock::time_point deadline);
+  // (2) before this coordinator's first attempt: waits until min_receivers registered;
+  void wait_for_first_receivers(receivers_seen& seen, protocol_clock::time_point deadline);
+  // (3) waits, bounded by attempt_timeout, for members that applied v but have not yet
+  // re-registered at it (so that they are not dropped into a needless restore);
+  void wait_for_lagging_members(std::uint64_t v, const membership_record& membership,
+                                receivers_seen& seen, protocol_clock::time_point deadline);
+  // (4) the membership of the next attempt: members still registered with their incarnation at
+  // v, plus newcomers that already hold v; the other newcomers go to `joiners` (restored first);
+  membership_record next_membership(std::uint64_t v, const membership_record& membership,
+                                    const std::map<std::string, receiver_registration>& regs,
+                                    std::vector<std::string>& joiners) const;
+  // (5) after the membership record is written: the next attempt record, a restore v -> v of
+  // `joiners` if there are any, else the refit v -> v+1 of the members (policy, overwrite-only
+  // union, numbering and the change digests of earlier attempts); (6) prepare writes it.
+  attempt_record next_attempt(std::uint64_t v, const std::string& candidate,
+                              const std::optional<typed_record<attempt_record>>& previous,
+                              const membership_record& next,
+                              const std::vector<std::string>& joiners,
+                              const std::map<std::string, receiver_registration>& regs,
+                              protocol_clock::time_point deadline);
+
   // Watches the attempt until it can commit (failure empty) or has failed.
   attempt_summary watch(const typed_record<attempt_record>& open,
                         protocol_clock::time_point deadline);
