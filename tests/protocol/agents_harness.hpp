@@ -9,8 +9,9 @@
 //   audited_plane   records every write of the commit record that applied (the commit audit: a
 //                   version committed twice, or a commit record rewritten, shows up here)
 //   outage_plane    dcr::testing's: a deployment-wide outage (every agent's operations fail)
-//   agent_plane     one per agent: a partition (that agent alone is cut off; it retries) or a
-//                   teardown (every operation fails for good: a dead process writes nothing more)
+//   agent_plane     one per agent: a partition (that agent alone is cut off; it retries), a
+//                   teardown (every operation fails for good: a dead process writes nothing
+//                   more) or a lost reply (a transaction applies, its answer does not arrive)
 // and one payload store (memory unless the test hands the cluster another one: an S3 store),
 // read by each receiver through a store source (store_source unless told otherwise: a
 // prefetch_source). Every agent thread has a deadline; settle() stops what is left of
@@ -129,6 +130,13 @@ class agent_plane {
   void partition(bool on) noexcept { partitioned_ = on; }
   [[nodiscard]] bool partitioned() const noexcept { return partitioned_.load(); }
   void tear_down() noexcept { torn_down_ = true; }
+  /// The next transaction that writes `key` runs (applies or fails its compares) and then
+  /// throws control_plane_unavailable, as a connection dropped after the store answered would.
+  void lose_reply_of_next_write(std::string key) {
+    std::lock_guard lock(lose_mutex_);
+    lose_key_ = std::move(key);
+  }
+  [[nodiscard]] int replies_lost() const noexcept { return replies_lost_.load(); }
 
   std::optional<dcr::control_record> get(const std::string& k) {
     check("get", k);
@@ -140,7 +148,25 @@ class agent_plane {
   }
   bool transact(std::span<const dcr::key_compare> c, std::span<const dcr::key_write> w) {
     check("transact", w.empty() ? std::string("-") : w.front().key);
-    return inner_->transact(c, w);
+    bool lose = false;
+    {
+      std::lock_guard lock(lose_mutex_);
+      if (lose_key_ && std::any_of(w.begin(), w.end(), [&](const dcr::key_write& x) {
+            return x.key == *lose_key_ && !x.erase;
+          })) {
+        lose = true;
+        lose_key_.reset();
+      }
+    }
+    const bool ok = inner_->transact(c, w);
+    if (lose) {
+      ++replies_lost_;
+      throw dcr::error(dcr::errc::control_plane_unavailable,
+                       std::string("agent_plane: transact '") + w.front().key +
+                           "': reply lost (the store answered " + (ok ? "applied" : "compare failed") +
+                           ")");
+    }
+    return ok;
   }
   std::int64_t revision() {
     check("revision", "-");
@@ -174,6 +200,9 @@ class agent_plane {
   }
   Plane* inner_;
   std::atomic<bool> partitioned_{false}, torn_down_{false};
+  std::mutex lose_mutex_;
+  std::optional<std::string> lose_key_;
+  std::atomic<int> replies_lost_{0};
 };
 
 /// A payload source that remembers which payloads of the current attempt it delivered.

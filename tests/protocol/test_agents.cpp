@@ -237,6 +237,29 @@ TEST_CASE("two coordinators racing on one transition commit it exactly once") {
           << " times");
 }
 
+// ---- row: the commit transaction applied, its answer lost
+
+TEST_CASE("a commit whose answer was lost is reported as the coordinator's own commit, once") {
+  dcr::memory_control_plane base;
+  memory_cluster c(base, cluster_options{});
+  c.start();
+  auto& h = c.primary();
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    CAPTURE(v);
+    h.plane->lose_reply_of_next_write(c.keys().commit());
+    const auto r = simple_step(c, 0.02);
+    INFO(r.describe());
+    CHECK(r.own_commit());  // committed, and not by another coordinator
+    CHECK_FALSE(r.summary.committed_by_other);
+    CHECK(h.plane->replies_lost() == static_cast<int>(v));  // the answer really was lost
+    CHECK(std::count_if(r.summary.attempts.begin(), r.summary.attempts.end(),
+                        [](const auto& a) { return a.committed; }) == 1);
+    CHECK(commit_now(c).coordinator == h.coord->incarnation());
+    settle_and_verify(c, v);  // committed exactly once (audit, history, commit record)
+  }
+  CHECK(c.last_verified == 4);
+}
+
 // ---- row: coordinator killed before the commit, a new one started
 
 TEST_CASE("a coordinator that died mid-attempt is replaced: the successor commits the open attempt or fences and retries it") {

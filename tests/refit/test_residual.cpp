@@ -99,6 +99,9 @@ class overwrite_only_endpoint final : public dcr::receiver_endpoint {
     return inner_->apply_payload(bytes);
   }
   void end_transition(std::uint64_t version) override { inner_->end_transition(version); }
+  [[nodiscard]] std::uint64_t committed_version() const noexcept override {
+    return inner_->committed_version();
+  }
   [[nodiscard]] const dcr::receiver_stats& stats() const override { return inner_->stats(); }
   [[nodiscard]] std::span<const tensor_id> overwrite_only_tensors() const override { return only_; }
 

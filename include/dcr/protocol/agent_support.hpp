@@ -90,7 +90,8 @@ inline std::int64_t unix_ms_now() {
       .count();
 }
 
-/// Keeps a lease alive from a thread of its own (every ttl / 3) until destroyed.
+/// Keeps a lease alive from a thread of its own (every ttl / 3) until destroyed. A renewal
+/// that throws (whatever it throws) is retried after 100 ms; no exception leaves the thread.
 template <control_plane Plane>
 class lease_keeper {
  public:
@@ -124,9 +125,12 @@ class lease_keeper {
           alive_ = false;
           return;
         }
-      } catch (const error&) {
-        // Unreachable for now: the lease lives until its ttl; try again soon, so that renewals
-        // resume as soon as the outage ends.
+      } catch (...) {
+        // Unreachable for now (an outage, or a renewal failing in any other way: nothing a
+        // renewal throws may escape this thread, which would std::terminate the process): the
+        // lease lives until its ttl; try again soon, so that renewals resume as soon as the
+        // cause ends. If it outlasts the ttl, the next renewal that gets through reports the
+        // lease gone.
         wait = std::chrono::milliseconds(100);
       }
       lock.lock();

@@ -72,7 +72,9 @@ struct attempt_summary {
 struct transition_summary {
   std::uint64_t base_version = 0, target_version = 0;
   bool committed = false;
-  bool committed_by_other = false;  ///< another coordinator's commit transaction won
+  /// Another coordinator's commit transaction won (false when this coordinator's own commit
+  /// applied, even if its answer was lost and only a retry found it).
+  bool committed_by_other = false;
   std::vector<attempt_summary> attempts;  ///< restores included
   std::uint64_t restores = 0;
   double seconds = 0;        ///< prepare (the first attempt record written) to commit
@@ -103,7 +105,14 @@ class coordinator {
 
   [[nodiscard]] const coordinator_options& options() const noexcept { return options_; }
 
+  /// A name unique to this coordinator object (host, pid, random); its commit records carry it
+  /// (commit_record::coordinator).
+  [[nodiscard]] const std::string& incarnation() const noexcept { return incarnation_; }
+
  private:
+  // committed: this coordinator's transaction applied (also when its answer was lost and the
+  // retry found the record it wrote); by_other: another coordinator's transaction committed
+  // the same attempt; lost: something else was committed.
   enum class commit_result { committed, by_other, lost };
 
   // The commit record, which must still hold version v: another coordinator committing during
@@ -129,6 +138,38 @@ class coordinator {
       std::uint64_t v, const std::string& candidate,
       const std::optional<typed_record<attempt_record>>& previous,
       protocol_clock::time_point deadline, transition_summary& out);
+
+  // prepare(), step by step:
+  // (1) waits until every expected owner is registered at v holding `candidate`;
+  void wait_for_owners(std::uint64_t v, const std::string& candidate,
+                       protocol_clock::time_point deadline);
+  // the live receiver registrations, and the store revision taken just before reading them
+  // (a wait from it wakes on any change after that);
+  struct receivers_seen {
+    std::int64_t revision = 0;
+    std::map<std::string, receiver_registration> regs;
+  };
+  receivers_seen look_at_receivers(protocol_clock::time_point deadline);
+  // (2) before this coordinator's first attempt: waits until min_receivers registered;
+  void wait_for_first_receivers(receivers_seen& seen, protocol_clock::time_point deadline);
+  // (3) waits, bounded by attempt_timeout, for members that applied v but have not yet
+  // re-registered at it (so that they are not dropped into a needless restore);
+  void wait_for_lagging_members(std::uint64_t v, const membership_record& membership,
+                                receivers_seen& seen, protocol_clock::time_point deadline);
+  // (4) the membership of the next attempt: members still registered with their incarnation at
+  // v, plus newcomers that already hold v; the other newcomers go to `joiners` (restored first);
+  membership_record next_membership(std::uint64_t v, const membership_record& membership,
+                                    const std::map<std::string, receiver_registration>& regs,
+                                    std::vector<std::string>& joiners) const;
+  // (5) after the membership record is written: the next attempt record, a restore v -> v of
+  // `joiners` if there are any, else the refit v -> v+1 of the members (policy, overwrite-only
+  // union, numbering and the change digests of earlier attempts); (6) prepare writes it.
+  attempt_record next_attempt(std::uint64_t v, const std::string& candidate,
+                              const std::optional<typed_record<attempt_record>>& previous,
+                              const membership_record& next,
+                              const std::vector<std::string>& joiners,
+                              const std::map<std::string, receiver_registration>& regs,
+                              protocol_clock::time_point deadline);
 
   // Watches the attempt until it can commit (failure empty) or has failed.
   attempt_summary watch(const typed_record<attempt_record>& open,
@@ -159,6 +200,7 @@ class coordinator {
   std::uint64_t fingerprint_;
   std::vector<std::uint32_t> owners_;
   coordinator_options options_;
+  std::string incarnation_ = make_incarnation();
   bool started_ = false;  // min_receivers was met once
   // When prepare first saw a member still registered at the previous version (see prepare).
   std::optional<protocol_clock::time_point> lagging_since_;

@@ -71,7 +71,11 @@ class receiver_agent {
   std::uint64_t serve_until(std::uint64_t version, protocol_clock::time_point deadline,
                             const std::atomic<bool>* stop = nullptr);
 
-  [[nodiscard]] std::uint64_t committed_version() const noexcept { return committed_; }
+  /// The version this receiver's storage holds (its receiver_endpoint keeps it: the one place
+  /// of that fact; the agent only reads it).
+  [[nodiscard]] std::uint64_t committed_version() const noexcept {
+    return rx_->committed_version();
+  }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] const std::string& incarnation() const noexcept { return incarnation_; }
   /// The acknowledgement of the last attempt this agent took part in.
@@ -100,6 +104,23 @@ class receiver_agent {
   void run_attempt(const attempt_record& a, std::int64_t attempt_revision,
                    protocol_clock::time_point deadline);
 
+  // run_attempt(), step by step:
+  // the attempt record's fence, watched from a thread of its own;
+  class fence_watcher;
+  // (1) resets the per-attempt state and starts the acknowledgement of `a`;
+  void begin_ack(const attempt_record& a);
+  // (2) fetches and applies the payloads of `a` (asynchronous mode: stages them all, then
+  // closes the gate and applies) until the source completes, the attempt is fenced, or a
+  // failure, which it returns ("" if none); adds the time spent fetching to `fetch_seconds`;
+  std::string deliver(const attempt_record& a, protocol_clock::time_point attempt_deadline,
+                      const std::atomic<bool>& fenced, double& fetch_seconds);
+  // (3) completes the acknowledgement (counters, state) and what this receiver holds after it
+  // (a restore: version v; an applied refit: waiting for its commit);
+  void settle_ack(const attempt_record& a, const std::string& failure, bool fenced,
+                  clock::time_point t0, double fetch);
+  // (4) writes it (for a restore, after the registration that says restored).
+  void acknowledge(const attempt_record& a, protocol_clock::time_point deadline);
+
   void close_gate();
 
   std::string name_;
@@ -112,7 +133,6 @@ class receiver_agent {
   std::string incarnation_;
   lease_id lease_ = 0;
   std::unique_ptr<lease_keeper<Plane>> keeper_;
-  std::uint64_t committed_ = 0;
   bool restored_ = false;
   bool dirty_ = false;        // holds writes of an uncommitted attempt
   bool applied_ = false;      // applied applied_key_, waiting for its commit

@@ -38,6 +38,9 @@ struct commit_record {
   std::uint64_t membership_epoch = 0;      ///< membership the attempt required
   std::uint64_t manifest_digest = 0;       ///< digest of the attempt's owner manifests
   std::string candidate;                   ///< the candidate weights it binds (e.g. "step 7")
+  /// Incarnation of the coordinator whose commit transaction wrote it (empty in the record
+  /// initialize() writes): how a coordinator whose answer was lost recognises its own commit.
+  std::string coordinator;
   friend bool operator==(const commit_record&, const commit_record&) = default;
 };
 
@@ -183,7 +186,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(encoding_policy, {{encoding_policy::mixed, "mixed"}
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(commit_record, version, attempt,
                                                 registry_fingerprint, membership_epoch,
-                                                manifest_digest, candidate)
+                                                manifest_digest, candidate, coordinator)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(attempt_key, base_version, target_version, number)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(attempt_record, kind, key, policy, owners,
                                                 receivers, overwrite_only, candidate,

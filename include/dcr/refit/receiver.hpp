@@ -66,8 +66,13 @@ class receiver_endpoint {
   /// restore the old bits), so every later payload of the same attempt is refused with that
   /// error too, and only the next attempt (begin_attempt) is accepted again.
   virtual apply_outcome apply_payload(std::span<const std::byte> bytes) = 0;
-  /// The transition committed at version `version`.
+  /// The storage holds version `version`: its transition committed, a restore of it finished,
+  /// or (before an agent's first attempt) it was loaded from a checkpoint. committed_version()
+  /// says it from then on.
   virtual void end_transition(std::uint64_t version) = 0;
+  /// The version given to the last end_transition (0 before any): the version this receiver
+  /// holds. The receiver is the one place of that fact; a receiver agent reads it here.
+  [[nodiscard]] virtual std::uint64_t committed_version() const noexcept = 0;
   /// Counters since the last begin of a transition.
   [[nodiscard]] virtual const receiver_stats& stats() const = 0;
   /// Canonical tensors this receiver can take only as overwrite records (its loader path does
@@ -117,8 +122,9 @@ class receiver_base : public receiver_endpoint {
   [[nodiscard]] const receiver_stats& stats() const override { return stats_; }
   /// Empty before prewarm().
   [[nodiscard]] std::span<const tensor_id> overwrite_only_tensors() const override;
-  /// The version this receiver last saw committed.
-  [[nodiscard]] std::uint64_t committed_version() const noexcept { return committed_version_; }
+  [[nodiscard]] std::uint64_t committed_version() const noexcept override {
+    return committed_version_;
+  }
 
  protected:
   /// `applier` (the derived receiver's) must outlive this object; it is not used here before

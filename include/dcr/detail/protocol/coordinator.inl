@@ -108,7 +108,8 @@ transition_summary coordinator<Plane, Store>::run_transition(const std::string& 
     if (now.value.version == v + 1 && now.value.attempt == open->value.key.number &&
         now.value.candidate == open->value.candidate) {
       summary.committed = true;
-      out.committed = out.committed_by_other = true;
+      out.committed = true;
+      out.committed_by_other = now.value.coordinator != incarnation_;
       out.attempts.push_back(std::move(summary));
       break;
     }
@@ -165,90 +166,13 @@ std::optional<typed_record<attempt_record>> coordinator<Plane, Store>::prepare(
     const std::optional<typed_record<attempt_record>>& previous,
     protocol_clock::time_point deadline, transition_summary& out) {
   const auto& keys = options_.keys;
-  // Owners must be registered with trackers at v (a restarted owner re-registers) and hold
-  // the candidate: the attempt opens when the trainer's step is there, not before.
-  // Each wait below takes the store revision before it reads, so a change made between the
-  // read and the wait wakes it (read-then-revision would lose that wake-up for a whole wait).
-  std::map<std::uint32_t, owner_registration> owners;
-  for (;;) {
-    const auto seen =
-        with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
-    owners = live_owners(deadline);
-    bool all = true;
-    for (auto id : owners_)
-      all = all && owners.contains(id) && owners[id].tracker_version == v &&
-            owners[id].candidate == candidate && !dead_.contains(owners[id].incarnation);
-    if (all) break;
-    DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
-                "coordinator: not every owner is registered at version " + std::to_string(v) +
-                    " holding candidate '" + candidate + "'");
-    with_retry("coordinator: wait for owners", deadline, [&] {
-      return plane_->wait_for_change(
-          keys.owners(), seen, std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
-    });
-  }
+  wait_for_owners(v, candidate, deadline);
   auto membership = must_read<membership_record>(keys.membership(), deadline);
-  auto receivers_seen =
-      with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
-  auto regs = live_receivers(deadline);
-  while (!started_ && regs.size() < options_.min_receivers) {
-    DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
-                "coordinator: only " + std::to_string(regs.size()) + " of " +
-                    std::to_string(options_.min_receivers) + " receivers registered");
-    with_retry("coordinator: wait for receivers", deadline, [&] {
-      return plane_->wait_for_change(
-          keys.receivers(), receivers_seen,
-          std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
-    });
-    receivers_seen =
-        with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
-    regs = live_receivers(deadline);
-  }
-  started_ = true;
-  // A member that applied v (same incarnation, registration alive) may not have rewritten its
-  // registration to say so yet when the next transition's prepare runs right after the
-  // commit. Wait for it (bounded by attempt_timeout from the first look) instead of dropping
-  // it and making it rejoin through a needless dense restore.
-  for (;;) {
-    bool lagging = false;
-    for (const auto& [name, incarnation] : membership.value.receivers) {
-      auto r = regs.find(name);
-      lagging = lagging || (r != regs.end() && r->second.incarnation == incarnation &&
-                            !dead_.contains(incarnation) && r->second.restored &&
-                            r->second.committed_version + 1 == v);
-    }
-    if (!lagging) {
-      lagging_since_.reset();
-      break;
-    }
-    const auto now = protocol_clock::now();
-    if (!lagging_since_) lagging_since_ = now;
-    if (now - *lagging_since_ > options_.attempt_timeout || now >= deadline) break;
-    with_retry("coordinator: wait for members at the committed version", deadline, [&] {
-      return plane_->wait_for_change(keys.receivers(), receivers_seen,
-                                     std::min(deadline, now + std::chrono::milliseconds(200)));
-    });
-    receivers_seen =
-        with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
-    regs = live_receivers(deadline);
-  }
-  membership_record next = membership.value;
-  for (auto it = next.receivers.begin(); it != next.receivers.end();) {
-    auto r = regs.find(it->first);
-    const bool stays = r != regs.end() && r->second.incarnation == it->second &&
-                       !dead_.contains(it->second) && r->second.restored &&
-                       r->second.committed_version == v;
-    it = stays ? std::next(it) : next.receivers.erase(it);
-  }
+  auto seen = look_at_receivers(deadline);
+  wait_for_first_receivers(seen, deadline);
+  wait_for_lagging_members(v, membership.value, seen, deadline);
   std::vector<std::string> joiners;
-  for (const auto& [name, reg] : regs) {
-    if (next.receivers.contains(name) || dead_.contains(reg.incarnation)) continue;
-    if (reg.registry_fingerprint != fingerprint_) continue;  // another model's receiver
-    if (reg.restored && reg.committed_version == v)
-      next.receivers[name] = reg.incarnation;  // holds v already (its checkpoint)
-    else
-      joiners.push_back(name);
-  }
+  membership_record next = next_membership(v, membership.value, seen.regs, joiners);
   if (next.receivers.empty() && joiners.empty()) {
     // No member and no joiner: every registration is gone for now (e.g. an outage outlived
     // every lease and the receivers have not registered again yet). Wait for one, until the
@@ -257,7 +181,7 @@ std::optional<typed_record<attempt_record>> coordinator<Plane, Store>::prepare(
                 "coordinator: no receiver is registered (nothing to refit) by the deadline");
     with_retry("coordinator: wait for receivers", deadline, [&] {
       return plane_->wait_for_change(
-          keys.receivers(), receivers_seen,
+          keys.receivers(), seen.revision,
           std::min(deadline, protocol_clock::now() + std::chrono::milliseconds(200)));
     });
     return std::nullopt;  // the caller looks again
@@ -269,6 +193,135 @@ std::optional<typed_record<attempt_record>> coordinator<Plane, Store>::prepare(
         }))
       return std::nullopt;
   }
+  const attempt_record a = next_attempt(v, candidate, previous, next, joiners, seen.regs, deadline);
+  const std::int64_t expected = previous ? previous->revision : 0;
+  const bool written = with_retry("coordinator: write attempt", deadline, [&] {
+    return put_if(*plane_, keys.attempt(), encode_record(a), expected);
+  });
+  if (!written) return std::nullopt;  // a racing coordinator wrote one: look again
+  (void)out;
+  auto fresh = must_read<attempt_record>(keys.attempt(), deadline);
+  return fresh;
+}
+
+// Each wait of prepare's steps takes the store revision before it reads, so a change made
+// between the read and the wait wakes it (read-then-revision would lose that wake-up for a
+// whole wait).
+
+template <control_plane Plane, payload_cleanup Store>
+void coordinator<Plane, Store>::wait_for_owners(std::uint64_t v, const std::string& candidate,
+                                                protocol_clock::time_point deadline) {
+  // Owners must be registered with trackers at v (a restarted owner re-registers) and hold
+  // the candidate: the attempt opens when the trainer's step is there, not before.
+  for (;;) {
+    const auto seen =
+        with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
+    auto owners = live_owners(deadline);
+    bool all = true;
+    for (auto id : owners_)
+      all = all && owners.contains(id) && owners[id].tracker_version == v &&
+            owners[id].candidate == candidate && !dead_.contains(owners[id].incarnation);
+    if (all) return;
+    DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
+                "coordinator: not every owner is registered at version " + std::to_string(v) +
+                    " holding candidate '" + candidate + "'");
+    with_retry("coordinator: wait for owners", deadline, [&] {
+      return plane_->wait_for_change(
+          options_.keys.owners(), seen,
+          std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
+    });
+  }
+}
+
+template <control_plane Plane, payload_cleanup Store>
+typename coordinator<Plane, Store>::receivers_seen coordinator<Plane, Store>::look_at_receivers(
+    protocol_clock::time_point deadline) {
+  receivers_seen out;
+  out.revision = with_retry("coordinator: revision", deadline, [&] { return plane_->revision(); });
+  out.regs = live_receivers(deadline);
+  return out;
+}
+
+template <control_plane Plane, payload_cleanup Store>
+void coordinator<Plane, Store>::wait_for_first_receivers(receivers_seen& seen,
+                                                         protocol_clock::time_point deadline) {
+  while (!started_ && seen.regs.size() < options_.min_receivers) {
+    DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
+                "coordinator: only " + std::to_string(seen.regs.size()) + " of " +
+                    std::to_string(options_.min_receivers) + " receivers registered");
+    with_retry("coordinator: wait for receivers", deadline, [&] {
+      return plane_->wait_for_change(
+          options_.keys.receivers(), seen.revision,
+          std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
+    });
+    seen = look_at_receivers(deadline);
+  }
+  started_ = true;
+}
+
+template <control_plane Plane, payload_cleanup Store>
+void coordinator<Plane, Store>::wait_for_lagging_members(std::uint64_t v,
+                                                         const membership_record& membership,
+                                                         receivers_seen& seen,
+                                                         protocol_clock::time_point deadline) {
+  // A member that applied v (same incarnation, registration alive) may not have rewritten its
+  // registration to say so yet when the next transition's prepare runs right after the
+  // commit. Wait for it (bounded by attempt_timeout from the first look) instead of dropping
+  // it and making it rejoin through a needless dense restore.
+  for (;;) {
+    bool lagging = false;
+    for (const auto& [name, incarnation] : membership.receivers) {
+      auto r = seen.regs.find(name);
+      lagging = lagging || (r != seen.regs.end() && r->second.incarnation == incarnation &&
+                            !dead_.contains(incarnation) && r->second.restored &&
+                            r->second.committed_version + 1 == v);
+    }
+    if (!lagging) {
+      lagging_since_.reset();
+      return;
+    }
+    const auto now = protocol_clock::now();
+    if (!lagging_since_) lagging_since_ = now;
+    if (now - *lagging_since_ > options_.attempt_timeout || now >= deadline) return;
+    with_retry("coordinator: wait for members at the committed version", deadline, [&] {
+      return plane_->wait_for_change(options_.keys.receivers(), seen.revision,
+                                     std::min(deadline, now + std::chrono::milliseconds(200)));
+    });
+    seen = look_at_receivers(deadline);
+  }
+}
+
+template <control_plane Plane, payload_cleanup Store>
+membership_record coordinator<Plane, Store>::next_membership(
+    std::uint64_t v, const membership_record& membership,
+    const std::map<std::string, receiver_registration>& regs,
+    std::vector<std::string>& joiners) const {
+  membership_record next = membership;
+  for (auto it = next.receivers.begin(); it != next.receivers.end();) {
+    auto r = regs.find(it->first);
+    const bool stays = r != regs.end() && r->second.incarnation == it->second &&
+                       !dead_.contains(it->second) && r->second.restored &&
+                       r->second.committed_version == v;
+    it = stays ? std::next(it) : next.receivers.erase(it);
+  }
+  for (const auto& [name, reg] : regs) {
+    if (next.receivers.contains(name) || dead_.contains(reg.incarnation)) continue;
+    if (reg.registry_fingerprint != fingerprint_) continue;  // another model's receiver
+    if (reg.restored && reg.committed_version == v)
+      next.receivers[name] = reg.incarnation;  // holds v already (its checkpoint)
+    else
+      joiners.push_back(name);
+  }
+  return next;
+}
+
+template <control_plane Plane, payload_cleanup Store>
+attempt_record coordinator<Plane, Store>::next_attempt(
+    std::uint64_t v, const std::string& candidate,
+    const std::optional<typed_record<attempt_record>>& previous, const membership_record& next,
+    const std::vector<std::string>& joiners,
+    const std::map<std::string, receiver_registration>& regs,
+    protocol_clock::time_point deadline) {
   attempt_record a;
   a.key.base_version = v;
   a.owners = owners_;
@@ -285,39 +338,34 @@ std::optional<typed_record<attempt_record>> coordinator<Plane, Store>::prepare(
     a.key.number = same_transition ? previous->value.key.number + 1 : 0;  // numbering shared
     a.policy = encoding_policy::overwrite_only;
     a.receivers = joiners;
-  } else {
-    a.kind = attempt_kind::refit;
-    a.key.target_version = v + 1;
-    a.key.number = same_transition ? previous->value.key.number + 1 : 0;
-    // Attempt numbers are shared by restores and refits of a transition; only a transition's
-    // very first refit attempt may use a delta encoding.
-    a.policy = a.refits_before > 0 ? encoding_policy::overwrite_only : options_.policy;
-    for (const auto& [name, inc] : next.receivers) {
-      a.receivers.push_back(name);
-      const auto& only = regs[name].overwrite_only;
-      a.overwrite_only.insert(a.overwrite_only.end(), only.begin(), only.end());
-    }
-    std::sort(a.overwrite_only.begin(), a.overwrite_only.end());
-    a.overwrite_only.erase(std::unique(a.overwrite_only.begin(), a.overwrite_only.end()),
-                           a.overwrite_only.end());
-    // Change digests owners reported for this candidate in earlier attempts.
-    if (same_transition) {
-      a.candidate_digests = previous->value.candidate_digests;
-      if (previous->value.kind == attempt_kind::refit)
-        for (const auto& r : with_retry("coordinator: reports", deadline, [&] {
-               return read_records<owner_report>(*plane_, keys.reports(previous->value.key));
-             }))
-          if (r.built) a.candidate_digests[r.owner] = r.change_digest;
-    }
+    return a;
   }
-  const std::int64_t expected = previous ? previous->revision : 0;
-  const bool written = with_retry("coordinator: write attempt", deadline, [&] {
-    return put_if(*plane_, keys.attempt(), encode_record(a), expected);
-  });
-  if (!written) return std::nullopt;  // a racing coordinator wrote one: look again
-  (void)out;
-  auto fresh = must_read<attempt_record>(keys.attempt(), deadline);
-  return fresh;
+  a.kind = attempt_kind::refit;
+  a.key.target_version = v + 1;
+  a.key.number = same_transition ? previous->value.key.number + 1 : 0;
+  // Attempt numbers are shared by restores and refits of a transition; only a transition's
+  // very first refit attempt may use a delta encoding.
+  a.policy = a.refits_before > 0 ? encoding_policy::overwrite_only : options_.policy;
+  for (const auto& [name, inc] : next.receivers) {
+    a.receivers.push_back(name);
+    // Every member is registered (next_membership keeps or adds only registered receivers).
+    if (auto r = regs.find(name); r != regs.end())
+      a.overwrite_only.insert(a.overwrite_only.end(), r->second.overwrite_only.begin(),
+                              r->second.overwrite_only.end());
+  }
+  std::sort(a.overwrite_only.begin(), a.overwrite_only.end());
+  a.overwrite_only.erase(std::unique(a.overwrite_only.begin(), a.overwrite_only.end()),
+                         a.overwrite_only.end());
+  // Change digests owners reported for this candidate in earlier attempts.
+  if (same_transition) {
+    a.candidate_digests = previous->value.candidate_digests;
+    if (previous->value.kind == attempt_kind::refit)
+      for (const auto& r : with_retry("coordinator: reports", deadline, [&] {
+             return read_records<owner_report>(*plane_, options_.keys.reports(previous->value.key));
+           }))
+        if (r.built) a.candidate_digests[r.owner] = r.change_digest;
+  }
+  return a;
 }
 
 template <control_plane Plane, payload_cleanup Store>
@@ -441,6 +489,7 @@ coordinator<Plane, Store>::commit_result coordinator<Plane, Store>::commit_attem
   next.registry_fingerprint = fingerprint_;
   next.membership_epoch = open.value.membership_epoch;
   next.candidate = open.value.candidate;
+  next.coordinator = incarnation_;
   std::uint64_t digest = 0;
   for (const auto& r : s.reports)
     digest = XXH64(&r.manifest_digest, sizeof r.manifest_digest, digest);
@@ -459,9 +508,14 @@ coordinator<Plane, Store>::commit_result coordinator<Plane, Store>::commit_attem
   } catch (const error& e) {
     if (e.dcr_code() != errc::deadline_exceeded) throw;
   }
-  // A transaction whose answer was lost (an outage) may have applied: the record tells.
+  if (ok) return commit_result::committed;
+  // A transaction whose answer was lost (an outage) may have applied, and its retry then fails
+  // the compares: the record tells whose transaction it was.
   const auto now = must_read<commit_record>(keys.commit(), deadline);
-  if (now.value == next) return ok ? commit_result::committed : commit_result::by_other;
+  if (now.value == next) return commit_result::committed;  // ours: written by this coordinator
+  commit_record same_attempt = now.value;
+  same_attempt.coordinator = next.coordinator;
+  if (same_attempt == next) return commit_result::by_other;  // this attempt, by another one
   return commit_result::lost;
 }
 

@@ -18,7 +18,7 @@ receiver_agent<Plane, Source>::~receiver_agent() {
 template <control_plane Plane, payload_source Source>
 void receiver_agent<Plane, Source>::start(std::uint64_t committed_version, bool restored,
                                           protocol_clock::time_point deadline) {
-  committed_ = committed_version;
+  rx_->end_transition(committed_version);  // what the storage holds (or, unrestored, last held)
   restored_ = restored;
   with_retry("receiver agent: register", deadline, [&] {
     lease_ = plane_->grant_lease(options_.lease_ttl);
@@ -52,11 +52,10 @@ std::uint64_t receiver_agent<Plane, Source>::serve_until(std::uint64_t version,
     const auto commit = with_retry("receiver agent: read commit", deadline, [&] {
       return read_record<commit_record>(*plane_, keys.commit());
     });
-    if (commit && restored_ && applied_ && commit->value.version == committed_ + 1 &&
+    if (commit && restored_ && applied_ && commit->value.version == committed_version() + 1 &&
         commit->value.attempt == applied_key_.number) {
       // The transition this receiver applied was committed.
       rx_->end_transition(commit->value.version);
-      committed_ = commit->value.version;
       applied_ = false;
       dirty_ = false;
       with_retry("receiver agent: update registration", deadline, [&] {
@@ -66,8 +65,8 @@ std::uint64_t receiver_agent<Plane, Source>::serve_until(std::uint64_t version,
       if (gate_closed_ && gate_.open) gate_.open();
       gate_closed_ = false;
     }
-    if (commit && committed_ >= version && restored_ && commit->value.version == committed_)
-      return committed_;
+    const std::uint64_t held = committed_version();
+    if (commit && held >= version && restored_ && commit->value.version == held) return held;
     const auto attempt = with_retry("receiver agent: read attempt", deadline, [&] {
       return read_record<attempt_record>(*plane_, keys.attempt());
     });
@@ -77,8 +76,8 @@ std::uint64_t receiver_agent<Plane, Source>::serve_until(std::uint64_t version,
         !acked(attempt->value.key)) {
       const auto& a = attempt->value;
       const bool restore = a.kind == attempt_kind::restore;
-      if ((restore && a.key.base_version >= committed_) ||
-          (!restore && restored_ && a.key.base_version == committed_)) {
+      if ((restore && a.key.base_version >= held) ||
+          (!restore && restored_ && a.key.base_version == held)) {
         run_attempt(a, attempt->revision, deadline);
         continue;
       }
@@ -102,7 +101,7 @@ std::uint64_t receiver_agent<Plane, Source>::serve_until(std::uint64_t version,
     }
     DCR_EXPECTS(protocol_clock::now() < deadline, errc::deadline_exceeded,
                 "receiver '" + name_ + "': version " + std::to_string(version) +
-                    " not reached by the deadline (holds " + std::to_string(committed_) + ")");
+                    " not reached by the deadline (holds " + std::to_string(held) + ")");
     with_retry("receiver agent: wait", deadline, [&] {
       return plane_->wait_for_change(
           keys.all(), seen, std::min(deadline, protocol_clock::now() + std::chrono::seconds(1)));
@@ -117,7 +116,7 @@ void receiver_agent<Plane, Source>::register_self() {
   reg.incarnation = incarnation_;
   const auto only = rx_->overwrite_only_tensors();
   reg.overwrite_only.assign(only.begin(), only.end());
-  reg.committed_version = committed_;
+  reg.committed_version = committed_version();
   reg.restored = restored_ && !dirty_;
   reg.registry_fingerprint = fingerprint_;
   put(*plane_, options_.keys.receiver(name_), encode_record(reg), lease_);
@@ -152,63 +151,89 @@ void receiver_agent<Plane, Source>::apply_one(delivery& d) {
   if (options_.after_apply) options_.after_apply(current_, applied_count_);
 }
 
+// Watches the attempt record from a thread of its own: fenced() once the record left `open`
+// (or was replaced), which stops the apply between payloads. One control-plane wait per
+// protocol change, never per payload. It watches the whole protocol prefix, so that the
+// receiver's own acknowledgement wakes it and it stops as soon as the attempt is over here
+// (never a poll interval later). finish() tells it to stop; the destructor joins it.
+template <control_plane Plane, payload_source Source>
+class receiver_agent<Plane, Source>::fence_watcher {
+ public:
+  fence_watcher(Plane& plane, const protocol_keys& keys, std::int64_t attempt_revision)
+      : thread_([this, &plane, &keys, attempt_revision] {
+          std::int64_t rev = attempt_revision;
+          while (!done_.load()) {
+            try {
+              rev = plane.wait_for_change(keys.all(), rev,
+                                          clock::now() + std::chrono::milliseconds(500));
+              if (done_.load()) return;
+              auto r = plane.get(keys.attempt());
+              if (!r || r->revision != attempt_revision) {
+                fenced_ = true;
+                return;
+              }
+            } catch (const error&) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            }
+          }
+        }) {}
+  fence_watcher(const fence_watcher&) = delete;
+  fence_watcher& operator=(const fence_watcher&) = delete;
+  ~fence_watcher() {
+    finish();
+    if (thread_.joinable()) thread_.join();
+  }
+  [[nodiscard]] const std::atomic<bool>& fenced() const noexcept { return fenced_; }
+  void finish() noexcept { done_ = true; }
+
+ private:
+  std::atomic<bool> fenced_{false}, done_{false};
+  std::thread thread_;  // last: started once the flags exist
+};
+
 template <control_plane Plane, payload_source Source>
 void receiver_agent<Plane, Source>::run_attempt(const attempt_record& a,
                                                 std::int64_t attempt_revision,
                                                 protocol_clock::time_point deadline) {
-  const attempt_key key = a.key;
-  acked_.push_back(key);
+  begin_ack(a);
+  const auto t0 = clock::now();
+  const bool restore = a.kind == attempt_kind::restore;
+  const auto attempt_deadline =
+      std::min(deadline, clock::now() + std::chrono::milliseconds(std::max<std::int64_t>(
+                                            0, a.deadline_unix_ms - unix_ms_now())));
+  // Stopped however this function is left; normally the acknowledgement written at the end
+  // has already woken it.
+  fence_watcher watcher(*plane_, options_.keys, attempt_revision);
+  rx_->begin_attempt(a.key);
+  source_->open(a.key, a.owners);
+  if (!restore) dirty_ = true;
+  double fetch = 0;
+  const std::string failure = deliver(a, attempt_deadline, watcher.fenced(), fetch);
+  watcher.finish();
+  // Nothing more of this attempt is taken here, whatever happened: a push transport answers
+  // its senders for whatever this receiver did not take.
+  if constexpr (closable_source<Source>) source_->close(a.key);
+  settle_ack(a, failure, watcher.fenced().load(), t0, fetch);
+  acknowledge(a, deadline);
+}
+
+template <control_plane Plane, payload_source Source>
+void receiver_agent<Plane, Source>::begin_ack(const attempt_record& a) {
+  acked_.push_back(a.key);
   current_ = a;
   applied_count_ = 0;
   timeline_.clear();
   ack_ = {};
   ack_.name = name_;
   ack_.incarnation = incarnation_;
-  const auto t0 = clock::now();
+}
+
+template <control_plane Plane, payload_source Source>
+std::string receiver_agent<Plane, Source>::deliver(const attempt_record& a,
+                                                   protocol_clock::time_point attempt_deadline,
+                                                   const std::atomic<bool>& fenced,
+                                                   double& fetch_seconds) {
   const bool restore = a.kind == attempt_kind::restore;
-  const auto attempt_deadline =
-      std::min(deadline, clock::now() + std::chrono::milliseconds(std::max<std::int64_t>(
-                                            0, a.deadline_unix_ms - unix_ms_now())));
-
-  // Fence watcher: the attempt record leaving `open` (or being replaced) stops the apply
-  // between payloads. One control-plane wait per protocol change, never per payload. It
-  // watches the whole protocol prefix, so that this receiver's own acknowledgement wakes it
-  // and it stops as soon as the attempt is over here (never a poll interval later).
-  std::atomic<bool> fenced{false}, done{false};
-  std::thread watcher([&] {
-    std::int64_t rev = attempt_revision;
-    while (!done.load()) {
-      try {
-        rev = plane_->wait_for_change(options_.keys.all(), rev,
-                                      clock::now() + std::chrono::milliseconds(500));
-        if (done.load()) return;
-        auto r = plane_->get(options_.keys.attempt());
-        if (!r || r->revision != attempt_revision) {
-          fenced = true;
-          return;
-        }
-      } catch (const error&) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    }
-  });
-
-  // Stops the watcher however this function is left; normally the acknowledgement written
-  // at the end has already woken it.
-  struct watcher_stop {
-    std::atomic<bool>* done;
-    std::thread* watcher;
-    ~watcher_stop() {
-      done->store(true);
-      if (watcher->joinable()) watcher->join();
-    }
-  } stop_watcher{&done, &watcher};
-
-  rx_->begin_attempt(key);
-  source_->open(key, a.owners);
-  if (!restore) dirty_ = true;
-  std::string failure;
-  double fetch = 0;
   try {
     if (!restore && !options_.asynchronous && !gate_closed_) close_gate();
     pipeline_stage<delivery> stage(options_.queue_depth, [&](delivery& d) { apply_one(d); });
@@ -221,11 +246,11 @@ void receiver_agent<Plane, Source>::run_attempt(const attempt_record& a,
       const auto f0 = clock::now();
       const auto status = source_->next(
           d, std::min(attempt_deadline, clock::now() + std::chrono::milliseconds(100)));
-      fetch += seconds(clock::now() - f0);
+      fetch_seconds += seconds(clock::now() - f0);
       if (status == source_status::complete) break;
       if (status == source_status::timed_out) {
         DCR_EXPECTS(clock::now() < attempt_deadline, errc::deadline_exceeded,
-                    "receiver '" + name_ + "': attempt " + to_string(key) +
+                    "receiver '" + name_ + "': attempt " + to_string(a.key) +
                         " not delivered by its deadline");
         continue;
       }
@@ -246,12 +271,15 @@ void receiver_agent<Plane, Source>::run_attempt(const attempt_record& a,
     stage.drain();
     ack_.apply_seconds = stage.busy_seconds();
   } catch (const error& e) {
-    failure = std::string("receiver '") + name_ + "': " + e.what();
+    return std::string("receiver '") + name_ + "': " + e.what();
   }
-  done = true;
-  // Nothing more of this attempt is taken here, whatever happened: a push transport answers
-  // its senders for whatever this receiver did not take.
-  if constexpr (closable_source<Source>) source_->close(key);
+  return {};
+}
+
+template <control_plane Plane, payload_source Source>
+void receiver_agent<Plane, Source>::settle_ack(const attempt_record& a, const std::string& failure,
+                                               bool fenced, clock::time_point t0, double fetch) {
+  const bool restore = a.kind == attempt_kind::restore;
   ack_.duplicates = rx_->stats().duplicates_dropped;
   ack_.applied_payloads = rx_->stats().attempt_payloads;
   ack_.applied_payload_digest = rx_->stats().attempt_payload_digest;
@@ -261,25 +289,30 @@ void receiver_agent<Plane, Source>::run_attempt(const attempt_record& a,
   if (!failure.empty()) {
     ack_.state = ack_state::failed;
     ack_.failure = failure;
-  } else if (fenced.load()) {
+  } else if (fenced) {
     ack_.state = ack_state::fenced;
   } else {
     ack_.state = restore ? ack_state::restored : ack_state::applied;
   }
   if (restore && ack_.state == ack_state::restored) {
-    committed_ = a.key.base_version;
     restored_ = true;
     dirty_ = false;
     ++restores_;
-    rx_->end_transition(committed_);
+    rx_->end_transition(a.key.base_version);  // the storage holds v now
   }
   if (!restore && ack_.state == ack_state::applied) {
     applied_ = true;
-    applied_key_ = key;
+    applied_key_ = a.key;
   }
+}
+
+template <control_plane Plane, payload_source Source>
+void receiver_agent<Plane, Source>::acknowledge(const attempt_record& a,
+                                                protocol_clock::time_point deadline) {
+  const bool restore = a.kind == attempt_kind::restore;
   with_retry("receiver agent: acknowledge", deadline, [&] {
     if (restore) register_self();  // restored first: the coordinator reads the ack after it
-    put(*plane_, options_.keys.ack(key, name_), encode_record(ack_));
+    put(*plane_, options_.keys.ack(a.key, name_), encode_record(ack_));
     return 0;
   });
 }
