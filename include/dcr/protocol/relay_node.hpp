@@ -15,12 +15,17 @@
 // and the node returns that credit when the payload is released (taken by every expected
 // receiver, or dropped), so the payloads held for one root connection never exceed the window
 // the node granted it in its hello, except that a single payload larger than the window is
-// admitted when nothing else of that root is held. Delivered payloads are kept for refetch up to
+// admitted when nothing else of that root is held; no payload larger than max_payload_bytes is
+// ever sized here (it is nacked and its credit returned). Delivered payloads are kept for refetch up to
 // refetch_bytes (oldest dropped first; a refetch of a dropped one answers false).
 //
 // Failures. A root connection lost while a payload of the current attempt was still arriving
 // from it breaks the attempt here: the sources of its receivers throw errc::transport_failure
 // naming the root from next(). Every wait in next() ends at its deadline.
+//
+// Hostile peers. Only certificates granting the role root connect (dcr/protocol/relay_link.hpp);
+// every count in a frame is checked against the frame's bytes and the protocol's limits before
+// anything is sized by it, and a root that overruns its window is disconnected.
 #pragma once
 
 #include <algorithm>
@@ -45,6 +50,10 @@ struct relay_node_options {
   /// Delivered payloads kept for refetch (bytes).
   std::uint64_t refetch_bytes = std::uint64_t{64} << 20;
   std::chrono::milliseconds handshake_timeout{10000};
+  /// The largest payload it assembles (a larger one is nacked without being sized here).
+  std::uint64_t max_payload_bytes = std::uint64_t{1} << 30;
+  relay_heartbeat heartbeat;          ///< on every root connection
+  relay_accept_limits accept_limits;  ///< pending handshakes of roots
   std::string name = "relay node";  ///< for messages
   /// Called (on the node's io thread) with every refused peer and every lost root connection.
   std::function<void(const std::string&)> log;

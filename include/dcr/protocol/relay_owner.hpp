@@ -6,8 +6,9 @@
 // Per attempt (the owner agent calls these in this order, from one thread at a time):
 //   open_attempt(key, receivers, deadline)
 //                                 connects to every root that is not connected (retrying an
-//                                 unreachable one until connect_timeout; a TLS refusal fails at
-//                                 once), announces the attempt and waits until every root
+//                                 unreachable one until connect_timeout or the attempt's
+//                                 deadline, whichever is first; a TLS refusal fails at once),
+//                                 announces the attempt and waits until every root
 //                                 answers that the required receivers are reachable (a root
 //                                 lost meanwhile fails the attempt at once)
 //   put(id, bytes)                streams the payload to root root_of(id) in chunks of at most
@@ -25,8 +26,9 @@
 // the coordinator fails the attempt anyway; slow receivers legitimately hold credit and
 // acknowledgements back until then. Failures are errc::transport_failure naming the root (and,
 // through it, the node or receiver): a root that cannot be reached or refuses this peer, a root
-// lost mid-attempt (what it had not acknowledged is lost), a nack, or the deadline. A later
-// open_attempt reconnects to lost roots. Putting an id again in the same attempt is a
+// lost mid-attempt (any root: its connection dropped, or it was silent past the heartbeat
+// timeout; the attempt fails at once, since what any owner streamed through it is lost), a
+// nack, or the deadline. A later open_attempt reconnects to lost roots. Putting an id again in the same attempt is a
 // no-op with equal bytes and an error with other bytes, as in every store.
 #pragma once
 
@@ -53,6 +55,7 @@ struct relay_owner_options {
   std::size_t chunk_bytes = std::size_t{1} << 20;  ///< cut-through unit (at most the root's window)
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds handshake_timeout{10000};
+  relay_heartbeat heartbeat;  ///< on every root connection: a frozen root fails the attempt
   std::string name = "relay owner";  ///< for messages
 };
 
@@ -116,8 +119,9 @@ class relay_owner_store {
     }
   }
 
-  // Connects to root r unless connected: an unreachable root is retried until connect_timeout;
-  // a refusal fails at once.
+  // Connects to root r unless connected: an unreachable root is retried until connect_timeout
+  // or the attempt's deadline (each try bounded by what is left of both); a refusal fails at
+  // once.
   void connect(std::size_t r, std::unique_lock<std::mutex>& lock);
 
   void attach(std::size_t r, std::shared_ptr<relay_link> link, std::unique_lock<std::mutex>& lock);

@@ -10,7 +10,9 @@
 // the nodes it cannot reach. A later attempt replaces the current one.
 //
 // Credits and memory. Each owner connection may have owner_window_bytes of chunk data at the
-// root; the root returns credit as it forwards (or drops) the chunks. Before forwarding a
+// root; the root returns credit as it forwards (or drops) the chunks, and closes the connection
+// of an owner that sends more than its credit ("overran the window"). A payload larger than
+// max_payload_bytes is refused (nacked, its chunks credited back and never forwarded). Before forwarding a
 // payload's first chunk the root reserves the payload's whole size on every target node, within
 // the window each node granted (a single payload larger than a node's window is admitted when
 // nothing else is reserved there), in arrival order across owners, so a node's memory is
@@ -22,6 +24,11 @@
 // gave. A target node lost during the attempt breaks it: pending and later payloads of the
 // attempt are nacked ("node ... lost"). The root reconnects to lost nodes every
 // reconnect_interval; an owner lost mid-payload makes the root abort that payload at the nodes.
+//
+// Hostile peers. Only certificates granting the role owner connect to the listener, and only a
+// node's certificate is accepted when dialing a node (dcr/protocol/relay_link.hpp). Every frame
+// is checked whole before anything is sized by it or forwarded: counts against the frame's
+// bytes and the protocol's limits, manifests before they go to the nodes.
 #pragma once
 
 #include <algorithm>
@@ -40,6 +47,10 @@ struct relay_root_options {
   relay_tls tls;                       ///< this root's identity and the deployment's CA
   std::uint64_t owner_window_bytes = std::uint64_t{8} << 20;  ///< chunk data per owner connection
   std::chrono::milliseconds handshake_timeout{10000};
+  /// The largest payload it forwards (a larger one is nacked; nodes have their own limit).
+  std::uint64_t max_payload_bytes = std::uint64_t{1} << 30;
+  relay_heartbeat heartbeat;          ///< on every connection (owners' and nodes')
+  relay_accept_limits accept_limits;  ///< pending handshakes of owners
   /// How long an announced attempt may wait for its receivers' nodes.
   std::chrono::milliseconds ready_timeout{10000};
   std::chrono::milliseconds reconnect_interval{100};  ///< between attempts to reach a lost node
@@ -59,6 +70,8 @@ struct relay_root_stats {
   std::uint64_t buffered_bytes = 0;    ///< chunk data waiting for a reservation now
   std::uint64_t peak_buffered_bytes = 0;
   std::uint64_t refusals = 0;          ///< peers refused at connection
+  std::size_t peak_pending_handshakes = 0;  ///< owners' handshakes pending at once, at most
+  std::uint64_t dropped_handshakes = 0;     ///< pending handshakes dropped for newer ones
   std::size_t nodes_connected = 0;
   std::size_t owners_connected = 0;
 };
@@ -105,6 +118,7 @@ class relay_root {
     std::shared_ptr<relay_link> link;
     std::shared_ptr<inflight> receiving;  // the payload whose chunks are arriving
     std::optional<attempt_key> ready_for;
+    std::uint64_t held = 0;  // chunk data received and not credited back (<= the window)
     bool awaiting_ready = false;
     std::uint32_t owner_id = 0;
   };
@@ -167,6 +181,9 @@ class relay_root {
   void on_chunk(const std::shared_ptr<owner_state>& o, const frame_ptr& frame, const relay_wire::chunk_view& c);
 
   void forward(inflight& p, const frame_ptr& frame);
+
+  // Returns `bytes` of chunk data to the owner's credit.
+  void credit(owner_state& o, std::uint64_t bytes);
 
   // A payload that will not be forwarded: its held chunks' credit goes back to its owner, which
   // hears a nack.

@@ -56,6 +56,16 @@ inline payload_id reader::id() {
   return p;
 }
 
+inline std::uint32_t reader::count(std::size_t item_bytes, std::uint32_t limit, const char* what) {
+  const auto n = u32();
+  const std::size_t left = body_.size() - at_;
+  DCR_EXPECTS(n <= limit && n <= left / std::max<std::size_t>(item_bytes, 1), errc::corrupt_payload,
+              "relay: frame type " + std::to_string(static_cast<int>(type_)) + " claims " +
+                  std::to_string(n) + " " + what + " in " + std::to_string(left) +
+                  " remaining bytes (at most " + std::to_string(limit) + ")");
+  return n;
+}
+
 inline void reader::end() const {
   DCR_EXPECTS(at_ == body_.size(), errc::corrupt_payload,
               "relay: " + std::to_string(body_.size() - at_) +
@@ -77,7 +87,9 @@ namespace dcr {
 inline void relay_link::start(frame_handler on_frame, close_handler on_close) {
   on_frame_ = std::move(on_frame);
   on_close_ = std::move(on_close);
+  last_read_ = last_write_ = std::chrono::steady_clock::now();
   read_header();
+  if (heartbeat_.interval.count() > 0 || heartbeat_.timeout.count() > 0) beat();
 }
 
 inline void relay_link::send(frame_ptr frame) {
@@ -93,6 +105,7 @@ inline void relay_link::close(const std::string& reason) {
   reason_ = reason;
   asio::error_code ec;
   stream_.lowest_layer().close(ec);
+  beat_.cancel();
   out_.clear();
   queued_bytes_ = 0;
   if (on_close_) {
@@ -104,10 +117,32 @@ inline void relay_link::close(const std::string& reason) {
   }
 }
 
+inline void relay_link::beat() {
+  using std::chrono::milliseconds;
+  const auto now = std::chrono::steady_clock::now();
+  const auto silent = std::chrono::duration_cast<milliseconds>(now - last_read_);
+  if (heartbeat_.timeout.count() > 0 && silent >= heartbeat_.timeout)
+    return close("no frame from " + peer_ + " for " + std::to_string(silent.count()) +
+                 " ms (heartbeat timeout " + std::to_string(heartbeat_.timeout.count()) +
+                 " ms): it is frozen or gone");
+  // Nothing queued or being written for an interval: say this side is alive. (Queued frames say
+  // it themselves; a write stuck behind a peer that does not read is that peer's silence.)
+  if (heartbeat_.interval.count() > 0 && !writing_ && out_.empty() &&
+      now - last_write_ >= heartbeat_.interval)
+    send(relay_wire::writer(relay_frame::heartbeat, 0).done());
+  auto tick = heartbeat_.interval.count() > 0 ? heartbeat_.interval : heartbeat_.timeout;
+  if (heartbeat_.timeout.count() > 0) tick = std::min(tick, heartbeat_.timeout);
+  beat_.expires_after(std::max(milliseconds(5), tick / 2));
+  beat_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+    if (!ec && !self->closed_) self->beat();
+  });
+}
+
 inline void relay_link::read_header() {
   asio::async_read(stream_, asio::buffer(header_),
                    [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
                      if (ec) return self->fail("reading from", ec);
+                     self->last_read_ = std::chrono::steady_clock::now();
                      self->read_body();
                    });
 }
@@ -120,6 +155,12 @@ inline void relay_link::read_body() {
     return close("malformed frame from " + peer_ + " (reserved header bits set)");
   if (n > relay_wire::max_body_bytes)
     return close("malformed frame from " + peer_ + " (body of " + std::to_string(n) + " bytes)");
+  if (type == relay_frame::heartbeat) {
+    if (n != 0)
+      return close("malformed frame from " + peer_ + " (a heartbeat with a body of " +
+                   std::to_string(n) + " bytes)");
+    return read_header();
+  }
   auto frame = std::make_shared<relay_wire::buffer>(relay_wire::header_bytes + n);
   std::memcpy(frame->data(), header_.data(), relay_wire::header_bytes);
   auto* body = frame->data() + relay_wire::header_bytes;
@@ -128,6 +169,7 @@ inline void relay_link::read_body() {
       [self = shared_from_this(), frame, type](const asio::error_code& ec, std::size_t) {
         if (ec) return self->fail("reading from", ec);
         if (self->closed_) return;
+        self->last_read_ = std::chrono::steady_clock::now();
         try {
           if (self->on_frame_) self->on_frame_(type, frame);
         } catch (const std::exception& e) {
@@ -140,6 +182,7 @@ inline void relay_link::read_body() {
 inline void relay_link::write_some() {
   if (out_.empty() || closed_) return;
   writing_ = true;
+  last_write_ = std::chrono::steady_clock::now();
   batch_.clear();
   std::size_t n = 0, bytes = 0;
   for (const auto& f : out_) {
@@ -153,6 +196,7 @@ inline void relay_link::write_some() {
                       self->writing_ = false;
                       if (ec) return self->fail("writing to", ec);
                       if (self->closed_) return;
+                      self->last_write_ = std::chrono::steady_clock::now();
                       for (std::size_t i = 0; i < n; ++i) self->out_.pop_front();
                       self->queued_bytes_ -= bytes;
                       self->written_ += bytes;
@@ -180,35 +224,55 @@ inline void establishing::dial(const relay_endpoint& to, std::string what,
   peer_ = to.text();
   what_ = std::move(what);
   expect_ = expect;
+  stage_ = stage::resolving;
+  expect_server_name(stream_, to.host);
   arm();
-  auto resolver = std::make_shared<tcp::resolver>(stream_.get_executor());
-  resolver->async_resolve(
+  resolver_ = std::make_shared<tcp::resolver>(stream_.get_executor());
+  resolver_->async_resolve(
       to.host, std::to_string(to.port),
-      [self = shared_from_this(), resolver](const asio::error_code& ec,
-                                            tcp::resolver::results_type r) {
+      [self = shared_from_this()](const asio::error_code& ec, tcp::resolver::results_type r) {
+        if (self->finished_) return;
         if (ec)
           return self->finish(
               "cannot resolve " + self->what_ + " " + self->peer_ + ": " + ec.message(), true);
+        self->stage_ = stage::connecting;
         asio::async_connect(
             self->socket(), r, [self](const asio::error_code& ec2, const tcp::endpoint&) {
+              if (self->finished_) return;
               if (ec2)
                 return self->finish(
                     "cannot connect to " + self->what_ + " " + self->peer_ + ": " + self->why(ec2),
                     true);
               asio::error_code ignored;
               self->socket().set_option(tcp::no_delay(true), ignored);
+              self->stage_ = stage::handshaking;
               self->stream_.async_handshake(
                   asio::ssl::stream_base::client, [self](const asio::error_code& ec3) {
+                    if (self->finished_) return;
                     if (ec3) {
+                      const long code = SSL_get_verify_result(self->stream_.native_handle());
                       const auto v = verify_failure(self->stream_);
-                      return self->finish("TLS handshake with " + self->what_ + " " + self->peer_ +
-                                          " failed: " + self->why(ec3) +
-                                          (v.empty()
-                                               ? ""
-                                               : " (" + v +
-                                                     ": its certificate is not signed by this "
-                                                     "deployment's CA)"));
+                      const bool misnamed = code == X509_V_ERR_HOSTNAME_MISMATCH ||
+                                            code == X509_V_ERR_IP_ADDRESS_MISMATCH;
+                      // Closed before the handshake completed, with no alert and no verdict of
+                      // ours: the server dropped the connection (restarting, or shedding a
+                      // flood of pending handshakes), not refused this peer: worth retrying.
+                      const bool dropped = v.empty() && (ec3 == asio::error::eof ||
+                                                         ec3 == asio::ssl::error::stream_truncated ||
+                                                         ec3 == asio::error::connection_reset);
+                      return self->finish(
+                          "TLS handshake with " + self->what_ + " " + self->peer_ + " failed: " +
+                              self->why(ec3) +
+                              (v.empty() ? ""
+                               : misnamed
+                                   ? " (" + v + ": its certificate is not issued for the address " +
+                                         self->peer_.substr(0, self->peer_.rfind(':')) + ")"
+                                   : " (" + v +
+                                         ": its certificate is not signed by this deployment's CA)"),
+                          dropped);
                     }
+                    if (!self->check_certificate_role()) return;
+                    self->stage_ = stage::hello;
                     self->send_hello([self] { self->read_hello(); });
                   });
             });
@@ -222,45 +286,115 @@ inline void establishing::accept(std::string where, std::vector<relay_role> acce
   accepted_ = std::move(accepted);
   asio::error_code ignored;
   socket().set_option(tcp::no_delay(true), ignored);
+  stage_ = stage::handshaking;
   arm();
   stream_.async_handshake(asio::ssl::stream_base::server,
                           [self = shared_from_this()](const asio::error_code& ec) {
+                            if (self->finished_) return;
                             if (ec) {
                               const auto v = verify_failure(self->stream_);
-                              return self->finish(self->what_ + ": refused peer " + self->peer_ +
+                              return self->finish(self->refused_peer() +
                                                   ": TLS handshake failed: " + self->why(ec) +
                                                   (v.empty() ? "" : " (" + v + ")"));
                             }
+                            if (!self->check_certificate_role()) return;
+                            self->stage_ = stage::hello;
                             self->read_hello();
                           });
 }
+
+inline void establishing::abandon(const std::string& why) { finish(why); }
 
 inline std::string establishing::why(const asio::error_code& ec) const {
   if (timed_out_) return "timed out after " + std::to_string(timeout_.count()) + " ms";
   return ec.message();
 }
 
+inline std::string establishing::refused_peer() const { return what_ + ": refused peer " + peer_; }
+
 inline void establishing::arm() {
   timer_.expires_after(timeout_);
   timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
     if (ec || self->finished_) return;
-    self->timed_out_ = true;
-    asio::error_code ignored;
-    self->socket().close(ignored);
+    self->timed_out();
   });
+}
+
+// The timer ends the establishment itself: a resolver (whose lookup may never return) or a
+// peer that never answers cannot hold it past its timeout.
+inline void establishing::timed_out() {
+  timed_out_ = true;
+  if (resolver_) resolver_->cancel();
+  const asio::error_code none;
+  switch (stage_) {
+    case stage::resolving:
+      return finish("cannot resolve " + what_ + " " + peer_ + ": " + why(none), true);
+    case stage::connecting:
+      return finish("cannot connect to " + what_ + " " + peer_ + ": " + why(none), true);
+    case stage::handshaking:
+      return finish(server_ ? refused_peer() + ": TLS handshake failed: " + why(none)
+                            : "TLS handshake with " + what_ + " " + peer_ + " failed: " + why(none));
+    case stage::hello:
+      return finish(refused_text(none));
+  }
 }
 
 inline std::string establishing::refused_text(const asio::error_code& ec) const {
   if (server_) return what_ + ": peer " + peer_ + " went away during the hello: " + why(ec);
   // TLS 1.3: the server's verdict on our certificate arrives as an alert on the first read.
   return what_ + " " + peer_ + " refused this peer after the TLS handshake: " + why(ec) +
-         " (is this peer's certificate signed by the deployment's CA?)";
+         " (is this peer's certificate signed by the deployment's CA, and does it grant the "
+         "role " + relay_role_name(mine_.role) + "?)";
+}
+
+namespace detail {
+inline std::string with_article(relay_role r) {
+  return (r == relay_role::owner ? "an " : "a ") + std::string(relay_role_name(r));
+}
+}  // namespace detail
+
+inline bool establishing::check_certificate_role() {
+  std::string problem;
+  peer_cn_ = peer_common_name(stream_);
+  cert_role_ = peer_certificate_role(stream_, problem);
+  if (server_) {
+    // Judged with the hello, so that the refusal names the role the peer claims as well.
+    role_problem_ = problem;
+    return true;
+  }
+  const std::string cert = "its certificate (CN=" + peer_cn_ + ")";
+  if (!cert_role_) {
+    finish(what_ + " " + peer_ + " refused: " + cert + " " + problem);
+    return false;
+  }
+  if (expect_ && *cert_role_ != *expect_) {
+    finish(what_ + " " + peer_ + " refused: it is dialed as " + detail::with_article(*expect_) +
+           ", but " + cert + " grants the role " + relay_role_name(*cert_role_));
+    return false;
+  }
+  return true;
+}
+
+inline std::string establishing::role_refusal(relay_role claimed) const {
+  const std::string cert = "its certificate (CN=" + peer_cn_ + ")";
+  const std::string who = server_ ? refused_peer() : what_ + " " + peer_ + " refused";
+  if (!cert_role_)
+    return who + ": it claims to be " + detail::with_article(claimed) + ", but " + cert + " " +
+           role_problem_;
+  if (claimed != *cert_role_)
+    return who + ": it claims to be " + detail::with_article(claimed) + ", but " + cert +
+           " grants the role " + relay_role_name(*cert_role_);
+  if (server_ && std::find(accepted_.begin(), accepted_.end(), claimed) == accepted_.end())
+    return who + ": it is " + detail::with_article(claimed) + " (" + cert +
+           " grants that role), and " + detail::with_article(claimed) + " does not connect here";
+  return {};
 }
 
 inline void establishing::read_hello() {
   asio::async_read(
       stream_, asio::buffer(header_),
       [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
+        if (self->finished_) return;
         if (ec) return self->finish(self->refused_text(ec));
         std::uint32_t n = 0;
         for (int i = 0; i < 4; ++i)
@@ -272,6 +406,7 @@ inline void establishing::read_hello() {
         asio::async_read(
             self->stream_, asio::buffer(self->body_),
             [self](const asio::error_code& ec2, std::size_t) {
+              if (self->finished_) return;
               if (ec2) return self->finish(self->refused_text(ec2));
               relay_hello theirs;
               try {
@@ -280,22 +415,14 @@ inline void establishing::read_hello() {
                 return self->finish(self->what_ + (self->server_ ? ": refused peer " : " ") +
                                     self->peer_ + ": " + e.what());
               }
-              if (self->server_) {
-                if (std::find(self->accepted_.begin(), self->accepted_.end(), theirs.role) ==
-                    self->accepted_.end())
-                  return self->finish(self->what_ + ": refused peer " + self->peer_ +
-                                      ": it says it is a " + relay_role_name(theirs.role) +
-                                      ", which does not connect here");
-                self->theirs_ = std::move(theirs);
+              // The role is the certificate's: a hello claiming another is refused, naming both.
+              if (auto refusal = self->role_refusal(theirs.role); !refusal.empty())
+                return self->finish(refusal);
+              self->theirs_ = std::move(theirs);
+              if (self->server_)
                 self->send_hello([self] { self->succeed(); });
-              } else {
-                if (self->expect_ && theirs.role != *self->expect_)
-                  return self->finish(self->what_ + " " + self->peer_ + " is a " +
-                                      relay_role_name(theirs.role) + ", not a " +
-                                      relay_role_name(*self->expect_));
-                self->theirs_ = std::move(theirs);
+              else
                 self->succeed();
-              }
             });
       });
 }
@@ -304,8 +431,7 @@ inline void establishing::succeed() {
   if (finished_) return;
   finished_ = true;
   timer_.cancel();
-  auto cn = peer_common_name(stream_);
-  auto link = std::make_shared<relay_link>(std::move(stream_), peer_, theirs_, std::move(cn));
+  auto link = std::make_shared<relay_link>(std::move(stream_), peer_, theirs_, peer_cn_, heartbeat_);
   done_(std::move(link), {}, false);
 }
 
@@ -313,6 +439,7 @@ inline void establishing::finish(const std::string& err, bool unreachable) {
   if (finished_) return;
   finished_ = true;
   timer_.cancel();
+  if (resolver_) resolver_->cancel();
   asio::error_code ignored;
   socket().close(ignored);
   done_(nullptr, err, unreachable);
@@ -321,15 +448,21 @@ inline void establishing::finish(const std::string& err, bool unreachable) {
 inline listener::listener(asio::io_context& io, asio::ssl::context& ctx, const relay_endpoint& at,
                           std::string what, std::vector<relay_role> accepted, relay_hello mine,
                           std::chrono::milliseconds timeout, link_handler on_link,
-                          refusal_handler on_refused)
+                          refusal_handler on_refused, relay_accept_limits limits,
+                          relay_heartbeat heartbeat)
     : io_(&io),
       ctx_(&ctx),
       acceptor_(io),
+      backoff_(io),
       accepted_(std::move(accepted)),
       mine_(std::move(mine)),
       timeout_(timeout),
       on_link_(std::move(on_link)),
-      on_refused_(std::move(on_refused)) {
+      on_refused_(std::move(on_refused)),
+      limits_(limits),
+      heartbeat_(heartbeat) {
+  DCR_EXPECTS(limits_.pending >= 1 && limits_.per_address >= 1, errc::invalid_argument,
+              what + ": the pending handshake limits must be at least 1");
   asio::error_code ec;
   tcp::resolver resolver(io);
   auto results = resolver.resolve(at.host, std::to_string(at.port), ec);
@@ -349,22 +482,86 @@ inline listener::listener(asio::io_context& io, asio::ssl::context& ctx, const r
 inline void listener::close() {
   asio::error_code ec;
   acceptor_.close(ec);
+  backoff_.cancel();
+  for (auto& [id, p] : pending_) p.e->abandon(what_ + ": shutting down");
+  pending_.clear();
 }
 
 inline void listener::accept_next() {
+  const auto id = next_id_++;
   auto e = std::make_shared<establishing>(
       *io_, *ctx_, mine_, timeout_,
-      [this](std::shared_ptr<relay_link> link, const std::string& err, bool) {
+      [this, id](std::shared_ptr<relay_link> link, const std::string& err, bool) {
+        // Not pending any more: dropped for a newer connection (reported by drop_oldest).
+        if (pending_.erase(id) == 0 && !link) return;
         if (link)
           on_link_(std::move(link));
         else
           on_refused_(err);
-      });
-  acceptor_.async_accept(e->socket(), [this, e](const asio::error_code& ec) {
+      },
+      heartbeat_);
+  acceptor_.async_accept(e->socket(), [this, e, id](const asio::error_code& ec) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) e->accept(what_, accepted_);
+    if (ec) {
+      // Re-arming at once would spin on an error that persists (EMFILE: out of descriptors).
+      ++accept_errors_;
+      pause_ = pause_.count() == 0 ? std::chrono::milliseconds(10)
+                                   : std::min(pause_ * 2, std::chrono::milliseconds(1000));
+      if (ec.message() != last_accept_error_) {
+        last_accept_error_ = ec.message();
+        on_refused_(what_ + ": cannot accept a connection: " + ec.message() +
+                    " (retrying, backing off up to 1 s)");
+      }
+      // Out of descriptors: the oldest pending handshake gives its descriptor to a newer peer.
+      if (ec == asio::error::no_descriptors && !pending_.empty()) drop_oldest(nullptr);
+      backoff_.expires_after(pause_);
+      backoff_.async_wait([this](const asio::error_code& ec2) {
+        if (!ec2 && acceptor_.is_open()) accept_next();
+      });
+      return;
+    }
+    pause_ = std::chrono::milliseconds(0);
+    last_accept_error_.clear();
+    asio::error_code ignored;
+    const auto from = e->socket().remote_endpoint(ignored);
+    admit(id, e, ignored ? std::string("unknown address") : from.address().to_string());
     accept_next();
   });
+}
+
+inline void listener::admit(std::uint64_t id, std::shared_ptr<establishing> e, std::string address) {
+  pending_.emplace(id, pending_handshake{e, address});
+  const auto from = static_cast<std::size_t>(std::count_if(
+      pending_.begin(), pending_.end(), [&](const auto& p) { return p.second.address == address; }));
+  if (from > limits_.per_address) drop_oldest(&address);
+  if (pending_.size() > limits_.pending) drop_oldest(nullptr);
+  peak_pending_ = std::max(peak_pending_, pending_.size());
+  e->accept(what_, accepted_);
+}
+
+inline void listener::drop_oldest(const std::string* address) {
+  auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) {
+    return address == nullptr || p.second.address == *address;
+  });
+  if (it == pending_.end()) return;
+  auto e = std::move(it->second.e);
+  pending_.erase(it);
+  ++dropped_;
+  ++dropped_unreported_;
+  const auto why =
+      address != nullptr
+          ? "more than " + std::to_string(limits_.per_address) + " pending from " + *address
+          : "more than " + std::to_string(limits_.pending) + " pending";
+  const auto peer = e->peer();
+  e->abandon(what_ + ": dropped the pending handshake of " + peer + " (" + why + ")");
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_drop_report_ >= std::chrono::seconds(1)) {
+    on_refused_(what_ + ": dropped " + std::to_string(dropped_unreported_) +
+                " pending handshake(s) for newer connections, the latest of peer " + peer + " (" +
+                why + ")");
+    dropped_unreported_ = 0;
+    last_drop_report_ = now;
+  }
 }
 
 inline void io_thread::stop(std::function<void()> last) {
@@ -390,6 +587,8 @@ inline const char* relay_role_name(relay_role r) {
   }
   return "unknown peer";
 }
+
+inline std::string relay_role_unit(relay_role r) { return std::string("dcr-relay-") + relay_role_name(r); }
 
 }  // namespace dcr
 
@@ -506,6 +705,53 @@ inline std::string peer_common_name(tls_stream& s) {
   X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, buf, sizeof buf - 1);
   X509_free(cert);
   return buf;
+}
+
+inline std::optional<relay_role> peer_certificate_role(tls_stream& s, std::string& problem) {
+  std::unique_ptr<X509, decltype(&X509_free)> cert(SSL_get1_peer_certificate(s.native_handle()),
+                                                   &X509_free);
+  if (!cert) {
+    problem = "is missing";
+    return std::nullopt;
+  }
+  const X509_NAME* subject = X509_get_subject_name(cert.get());
+  std::optional<relay_role> role;
+  for (int at = X509_NAME_get_index_by_NID(subject, NID_organizationalUnitName, -1); at >= 0;
+       at = X509_NAME_get_index_by_NID(subject, NID_organizationalUnitName, at)) {
+    unsigned char* utf8 = nullptr;
+    const int n = ASN1_STRING_to_UTF8(&utf8, X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, at)));
+    if (n < 0) continue;
+    const std::string unit(reinterpret_cast<const char*>(utf8), static_cast<std::size_t>(n));
+    OPENSSL_free(utf8);
+    for (const auto r : {relay_role::owner, relay_role::root, relay_role::node}) {
+      if (unit != relay_role_unit(r)) continue;
+      if (role && *role != r) {
+        problem = "grants several relay roles (" + relay_role_unit(*role) + ", " + unit +
+                  "); a certificate grants one";
+        return std::nullopt;
+      }
+      role = r;
+    }
+  }
+  if (!role)
+    problem = "grants no relay role (its subject has no OU=dcr-relay-owner, -root or -node)";
+  return role;
+}
+
+inline void expect_server_name(tls_stream& s, const std::string& host) {
+  SSL* ssl = s.native_handle();
+  X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+  asio::error_code ec;
+  (void)asio::ip::make_address(host, ec);
+  if (!ec) {
+    DCR_EXPECTS(X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str()) == 1, errc::invalid_argument,
+                "relay TLS: cannot check server certificates against the address " + host);
+    return;
+  }
+  X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+  DCR_EXPECTS(SSL_set1_host(ssl, host.c_str()) == 1, errc::invalid_argument,
+              "relay TLS: cannot check server certificates against the name " + host);
+  SSL_set_tlsext_host_name(ssl, host.c_str());
 }
 
 inline asio::ssl::context make_context(const relay_tls& tls, bool server) {

@@ -11,7 +11,7 @@ inline relay_node::relay_node(relay_node_options options)
       io_.io(), ctx_, options_.listen, options_.name, std::vector<relay_role>{relay_role::root},
       mine, options_.handshake_timeout,
       [this](std::shared_ptr<relay_link> l) { on_root(std::move(l)); },
-      [this](const std::string& why) { refused(why); });
+      [this](const std::string& why) { refused(why); }, options_.accept_limits, options_.heartbeat);
   endpoint_ = listener_->endpoint();
   io_.call([this] { listener_->start(); });
 }
@@ -104,7 +104,7 @@ inline void relay_node::on_frame(const std::shared_ptr<root_conn>& c, relay_fram
     case relay_frame::attempt: {
       relay_wire::reader r(body, type);
       const auto key = r.key();
-      std::vector<std::string> required(r.u32());
+      std::vector<std::string> required(r.count(2, relay_wire::max_receivers, "receivers"));
       for (auto& name : required) name = r.str();
       r.end();
       std::lock_guard lock(mutex_);
@@ -136,7 +136,7 @@ inline void relay_node::on_frame(const std::shared_ptr<root_conn>& c, relay_fram
       relay_wire::reader r(body, type);
       const auto key = r.key();
       const auto owner = r.u32();
-      std::vector<payload_id> ids(r.u32());
+      std::vector<payload_id> ids(r.count(4, relay_wire::max_manifest_payloads, "payloads"));
       for (auto& id : ids) id = {key, owner, r.u32()};
       r.end();
       std::lock_guard lock(mutex_);
@@ -193,12 +193,19 @@ inline void relay_node::receive(const std::shared_ptr<root_conn>& c,
                                 const relay_wire::chunk_view& chunk, outbox& out) {
   if (chunk.offset == 0 && !c->discarding.contains(chunk.id) && !held_.contains(chunk.id)) {
     const bool current = current_ && chunk.id.attempt == *current_;
-    if (!current) {  // a late payload of a replaced attempt: never delivered
+    const bool too_large = chunk.total > options_.max_payload_bytes;
+    if (!current || too_large) {  // a late payload of a replaced attempt, or one never sized here
       out.emplace_back(c, relay_wire::credit_frame(chunk.total));
-      out.emplace_back(c,
-                       relay_wire::nack_frame(relay_subject::payload, chunk.id,
-                                              options_.name + ": its attempt is not current here"));
-      ++stats_.dropped_stale;
+      out.emplace_back(
+          c, relay_wire::nack_frame(
+                 relay_subject::payload, chunk.id,
+                 options_.name + ": " +
+                     (too_large ? relay_wire::describe(chunk.id) + " of " +
+                                      std::to_string(chunk.total) +
+                                      " bytes exceeds the largest payload assembled here (" +
+                                      std::to_string(options_.max_payload_bytes) + " bytes)"
+                                : std::string("its attempt is not current here"))));
+      if (!current) ++stats_.dropped_stale;
       if (chunk.data.size() < chunk.total) c->discarding.insert(chunk.id);
       return;
     }

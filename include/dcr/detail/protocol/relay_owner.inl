@@ -135,19 +135,32 @@ inline void relay_owner_store::throw_if_lost(const root_state& r) const {
 inline void relay_owner_store::connect(std::size_t r, std::unique_lock<std::mutex>& lock) {
   auto& root = roots_[r];
   if (root.alive) return;
-  const auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
+  const auto attempt_left = deadline_ - protocol_clock::now();
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      (attempt_left < options_.connect_timeout
+           ? std::chrono::duration_cast<std::chrono::steady_clock::duration>(attempt_left)
+           : std::chrono::duration_cast<std::chrono::steady_clock::duration>(options_.connect_timeout));
   auto pause = std::chrono::milliseconds(20);
   for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    DCR_EXPECTS(left.count() > 0, errc::transport_failure,
+                options_.name + ": cannot connect to root " + root.at.text() + " within " +
+                    std::to_string(options_.connect_timeout.count()) +
+                    " ms or the attempt's deadline" + (root.error.empty() ? "" : ": " + root.error));
+    // One try never outlasts what is left: its timer ends it whatever it waits for.
+    const auto timeout = std::min(options_.handshake_timeout, left);
     std::promise<std::pair<std::shared_ptr<relay_link>, std::pair<std::string, bool>>> result;
     auto future = result.get_future();
     lock.unlock();
     asio::post(io_.io(), [&] {
       auto e = std::make_shared<relay_detail::establishing>(
-          io_.io(), ctx_, relay_hello{relay_role::owner, 0, options_.name},
-          options_.handshake_timeout,
+          io_.io(), ctx_, relay_hello{relay_role::owner, 0, options_.name}, timeout,
           [&result](std::shared_ptr<relay_link> link, const std::string& err, bool unreachable) {
             result.set_value({std::move(link), {err, unreachable}});
-          });
+          },
+          options_.heartbeat);
       e->dial(root.at, "root", relay_role::root);
     });
     auto [link, err] = future.get();
@@ -210,6 +223,10 @@ inline void relay_owner_store::on_lost(std::size_t r, const std::weak_ptr<relay_
     if (root.link != weak.lock() && root.link) return;
     root.alive = false;
     root.error = why;
+    // Whatever any owner streamed through it in this attempt is lost: the attempt fails now,
+    // not at its deadline (a later open_attempt reconnects).
+    if (key_ && failure_.empty())
+      failure_ = "root " + root.at.text() + " lost during " + relay_wire::describe(*key_) + ": " + why;
     ++progress_;
   }
   wake_.notify_all();

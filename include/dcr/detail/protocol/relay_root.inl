@@ -13,7 +13,7 @@ inline relay_root::relay_root(relay_root_options options)
       io_.io(), server_ctx_, options_.listen, options_.name,
       std::vector<relay_role>{relay_role::owner}, mine, options_.handshake_timeout,
       [this](std::shared_ptr<relay_link> l) { on_owner(std::move(l)); },
-      [this](const std::string& why) { refused(why); });
+      [this](const std::string& why) { refused(why); }, options_.accept_limits, options_.heartbeat);
   endpoint_ = listener_->endpoint();
   where_ = options_.name + " " + endpoint_.text();
   io_.call([this] {
@@ -48,6 +48,8 @@ inline relay_root_stats relay_root::stats() {
     s.nodes_connected = static_cast<std::size_t>(
         std::count_if(nodes_.begin(), nodes_.end(), [](auto& n) { return n->link != nullptr; }));
     s.owners_connected = owners_.size();
+    s.peak_pending_handshakes = listener_->peak_pending();
+    s.dropped_handshakes = listener_->dropped();
     return s;
   });
 }
@@ -92,7 +94,8 @@ inline void relay_root::dial(std::size_t k) {
         node.last_error.clear();
         link->start([this, k](relay_frame t, const frame_ptr& f) { on_node_frame(k, t, f); },
                     [this, k, link](const std::string& why) { on_node_lost(k, link, why); });
-      });
+      },
+      options_.heartbeat);
   e->dial(n.at, "node", relay_role::node);
 }
 
@@ -126,7 +129,8 @@ inline void relay_root::on_node_frame(std::size_t k, relay_frame type, const fra
   switch (type) {
     case relay_frame::receivers: {
       std::set<std::string> names;
-      for (auto count = r.u32(); count > 0; --count) names.insert(r.str());
+      for (auto count = r.count(2, relay_wire::max_receivers, "receivers"); count > 0; --count)
+        names.insert(r.str());
       r.end();
       n.receivers = std::move(names);
       check_ready();
@@ -253,7 +257,8 @@ inline void relay_root::on_owner_frame(const std::shared_ptr<owner_state>& o, re
       relay_wire::reader r(body, type);
       const auto key = r.key();
       std::set<std::string> required;
-      for (auto n = r.u32(); n > 0; --n) required.insert(r.str());
+      for (auto n = r.count(2, relay_wire::max_receivers, "receivers"); n > 0; --n)
+        required.insert(r.str());
       r.end();
       announced(o, key, std::move(required));
       break;
@@ -262,9 +267,13 @@ inline void relay_root::on_owner_frame(const std::shared_ptr<owner_state>& o, re
       on_chunk(o, frame, relay_wire::parse_chunk(body));
       break;
     case relay_frame::manifest: {
+      // Checked whole before it goes anywhere: the nodes must never see a malformed manifest.
       relay_wire::reader r(body, type);
       const auto key = r.key();
       const auto owner = r.u32();
+      for (auto n = r.count(4, relay_wire::max_manifest_payloads, "payloads"); n > 0; --n)
+        (void)r.u32();
+      r.end();
       const payload_id mid{key, owner, 0};
       if (!accepting(*o, key)) {
         o->link->send(relay_wire::nack_frame(relay_subject::manifest, mid,
@@ -398,6 +407,12 @@ inline void relay_root::check_ready() {
 inline void relay_root::on_chunk(const std::shared_ptr<owner_state>& o, const frame_ptr& frame,
                                  const relay_wire::chunk_view& c) {
   const std::uint64_t bytes = c.data.size();
+  // The window it advertised in its hello is enforced, not just advertised.
+  o->held += bytes;
+  DCR_EXPECTS(o->held <= options_.owner_window_bytes, errc::corrupt_payload,
+              "owner " + o->link->peer() + " overran the window of " +
+                  std::to_string(options_.owner_window_bytes) + " bytes it was granted (" +
+                  std::to_string(o->held) + " bytes of chunk data not credited back)");
   stats_.bytes_in += bytes;
   if (c.offset == 0) {
     DCR_EXPECTS(!o->receiving || o->receiving->received == o->receiving->total,
@@ -412,6 +427,13 @@ inline void relay_root::on_chunk(const std::shared_ptr<owner_state>& o, const fr
       p->dropped = true;
       o->link->send(relay_wire::nack_frame(relay_subject::payload, c.id,
                                            where_ + ": " + not_accepting(*o, key)));
+    } else if (c.total > options_.max_payload_bytes) {
+      p->dropped = true;
+      o->link->send(relay_wire::nack_frame(
+          relay_subject::payload, c.id,
+          where_ + ": " + relay_wire::describe(c.id) + " of " + std::to_string(c.total) +
+              " bytes exceeds the largest payload forwarded here (" +
+              std::to_string(options_.max_payload_bytes) + " bytes)"));
     } else {
       ++stats_.payloads;
       auto& ans = current_->payloads[c.id];
@@ -438,10 +460,10 @@ inline void relay_root::on_chunk(const std::shared_ptr<owner_state>& o, const fr
               errc::corrupt_payload, "chunk of " + relay_wire::describe(c.id) + " out of order");
   p->received += bytes;
   if (p->dropped) {
-    o->link->send(relay_wire::credit_frame(bytes));
+    credit(*o, bytes);
   } else if (p->reserved) {
     forward(*p, frame);
-    o->link->send(relay_wire::credit_frame(bytes));
+    credit(*o, bytes);
   } else {
     p->waiting.push_back(frame);
     p->waiting_bytes += bytes;
@@ -464,12 +486,18 @@ inline void relay_root::forward(inflight& p, const frame_ptr& frame) {
   }
 }
 
+inline void relay_root::credit(owner_state& o, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  o.held -= std::min(bytes, o.held);
+  if (o.link) o.link->send(relay_wire::credit_frame(bytes));
+}
+
 inline void relay_root::drop(inflight& p, const std::string& why) {
   if (p.dropped) return;
   p.dropped = true;
   auto o = p.owner.lock();
   if (o && o->link) {
-    if (p.waiting_bytes > 0) o->link->send(relay_wire::credit_frame(p.waiting_bytes));
+    credit(*o, p.waiting_bytes);
     o->link->send(relay_wire::nack_frame(relay_subject::payload, p.id, where_ + ": " + why));
   }
   stats_.buffered_bytes -= p.waiting_bytes;
@@ -497,8 +525,7 @@ inline void relay_root::reserve() {
     for (auto k : p->targets) nodes_[k]->outstanding += p->total;
     auto o = p->owner.lock();
     for (auto& f : p->waiting) forward(*p, f);
-    if (o && o->link && p->waiting_bytes > 0)
-      o->link->send(relay_wire::credit_frame(p->waiting_bytes));
+    if (o) credit(*o, p->waiting_bytes);
     stats_.buffered_bytes -= p->waiting_bytes;
     p->waiting.clear();
     p->waiting_bytes = 0;
