@@ -46,8 +46,10 @@ the seed and step, and each receiver checks its own storage against a dense refi
 
 processes:
   --in-process          one process plays every role (in-memory store and control plane)
-  --commit C            file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory (= --in-process)
-                        (default file, in the work directory)
+  --commit C            file[:DIR] | etcd[s]://HOST:PORT[/PREFIX][?OPTIONS] | memory
+                        (= --in-process) (default file, in the work directory); etcd OPTIONS:
+                        ca=FILE, cert=FILE, key=FILE (etcds), user=NAME, password-file=FILE
+                        (else DCR_ETCD_PASSWORD), joined by '&' (docs/guide-stores.md)
   --store DIR           filesystem payload store directory (default: in the work directory)
   --transport T         file | s3://BUCKET[/PREFIX] | relay: how payloads travel from owners
                         to receivers (default file, the filesystem payload store; relay: owners
@@ -280,7 +282,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   args.finish();
   if (ps.commit != "file" && ps.commit != "memory" && ps.commit.rfind("file:", 0) != 0 &&
       ps.commit.rfind("etcd://", 0) != 0 && ps.commit.rfind("etcds://", 0) != 0)
-    throw usage_error("--commit must be file[:DIR], etcd://HOST:PORT[/PREFIX] or memory");
+    throw usage_error("--commit must be file[:DIR], etcd[s]://HOST:PORT[/PREFIX][?OPTIONS] or memory");
   if (in_process && (ps.transport != "file" || ps.link_rate > 0 || ps.trainer_nodes > 1 ||
                      ps.rollout_nodes > 1 || ps.reference))
     throw usage_error("--transport, --link-rate, --reference and the node options need separate processes (not --in-process)");
