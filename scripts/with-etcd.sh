@@ -1,20 +1,36 @@
 #!/usr/bin/env bash
-# with-etcd.sh CMD...: runs CMD beside a throwaway single-member etcd (Debian's etcd-server,
-# /usr/bin/etcd) for the etcd control-plane tests.
+# with-etcd.sh [--tls] CMD...: runs CMD beside a throwaway single-member etcd (Debian's
+# etcd-server, /usr/bin/etcd) for the etcd control-plane tests.
 #
 # etcd listens on 127.0.0.1 only, on the first free pair of ports from 23790 upward (client,
 # then peer), with a temporary data directory. Once it answers /health (10 s at most) CMD runs
 # with these in its environment:
 #   DCR_ETCD_ENDPOINT  the client URL, e.g. http://127.0.0.1:23790
 #   DCR_ETCD_PID       etcd's process id (tests freeze it with SIGSTOP to simulate an outage)
+# With --tls, etcd serves https only and requires client certificates (--cert-file, --key-file,
+# --client-cert-auth, --trusted-ca-file; certificates made by openssl in the temporary
+# directory: a CA, etcd's certificate for 127.0.0.1 and localhost, a client certificate, and a
+# client certificate from another CA), and authentication is enabled (etcdctl: users root and
+# dcr-test, the latter with read-write access to keys under "/"; simple tokens living 2 s
+# without use, --auth-token-ttl, so that clients must renew them). Then also:
+#   DCR_ETCD_ENDPOINT  https://127.0.0.1:PORT
+#   DCR_ETCD_CA        the CA's PEM certificate
+#   DCR_ETCD_CERT, DCR_ETCD_KEY              a client certificate and key signed by that CA
+#   DCR_ETCD_WRONG_CERT, DCR_ETCD_WRONG_KEY  a client certificate and key from another CA
+#   DCR_ETCD_USER, DCR_ETCD_PASSWORD         dcr-test and its password (drawn for this run)
 # Afterwards, also when CMD fails or the script is interrupted, etcd is resumed (a test may have
 # left it frozen), stopped (SIGTERM, then SIGKILL after 5 s) and its data directory removed.
 # Exits with CMD's status; with a message and 1 if etcd does not come up, or is not installed
 # (then 77, meson's "skipped", unless CI is set). ETCD_BIN overrides the etcd binary.
 set -euo pipefail
 
+tls=false
+if [[ ${1:-} == --tls ]]; then
+  tls=true
+  shift
+fi
 if (($# == 0)); then
-  echo "usage: with-etcd.sh CMD [ARG...]" >&2
+  echo "usage: with-etcd.sh [--tls] CMD [ARG...]" >&2
   exit 2
 fi
 etcd_bin=${ETCD_BIN:-$(command -v etcd || true)}
@@ -49,10 +65,51 @@ trap 'exit 143' TERM
 # shellcheck source=scripts/server-common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/server-common.sh"
 
+scheme=http
+tls_flags=()
+curl_tls=()
+if $tls; then
+  for tool in openssl curl "${ETCDCTL_BIN:-etcdctl}"; do
+    if ! command -v "$tool" >/dev/null; then
+      echo "with-etcd.sh: --tls needs $tool" >&2
+      exit 1
+    fi
+  done
+  t=$data_dir/tls
+  mkdir -p "$t"
+  # new_cert NAME CA SUBJECT EXT: NAME.pem/NAME.key signed by CA.pem/CA.key.
+  new_cert() {
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$t/$1.key" \
+      -out "$t/$1.csr" -subj "$3" 2>/dev/null
+    printf '%s\n' "$4" >"$t/$1.ext"
+    openssl x509 -req -in "$t/$1.csr" -CA "$t/$2.pem" -CAkey "$t/$2.key" -CAcreateserial \
+      -days 2 -extfile "$t/$1.ext" -out "$t/$1.pem" 2>/dev/null
+  }
+  {
+    for ca in ca other-ca; do
+      openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+        -keyout "$t/$ca.key" -out "$t/$ca.pem" -subj "/CN=dcr etcd test $ca" 2>/dev/null
+    done
+    # etcd's own certificate also serves its gateway as a client of its gRPC port.
+    new_cert server ca /CN=etcd-server "subjectAltName=IP:127.0.0.1,DNS:localhost
+extendedKeyUsage=serverAuth,clientAuth"
+    # No CommonName: etcd's gateway refuses client certificates that carry one (it would not
+    # use it as the user), so the user comes from authentication.
+    new_cert client ca /O=dcr-client "extendedKeyUsage=clientAuth"
+    new_cert wrong other-ca /O=dcr-client "extendedKeyUsage=clientAuth"
+  } || { echo "with-etcd.sh: openssl could not make the certificates" >&2; exit 1; }
+  scheme=https
+  tls_flags=(--cert-file "$t/server.pem" --key-file "$t/server.key" --client-cert-auth
+             --trusted-ca-file "$t/ca.pem" --auth-token-ttl 2)
+  curl_tls=(--cacert "$t/ca.pem" --cert "$t/client.pem" --key "$t/client.key")
+fi
+
 # True once etcd's /health says so.
 healthy() {
   local reply
-  if command -v curl >/dev/null; then
+  if $tls; then
+    reply=$(curl -s -m 1 "${curl_tls[@]}" "https://127.0.0.1:$1/health" 2>/dev/null) || return 1
+  elif command -v curl >/dev/null; then
     reply=$(curl -s -m 1 "http://127.0.0.1:$1/health" 2>/dev/null) || return 1
   else
     # shellcheck disable=SC2016  # $0 expands in the inner bash
@@ -72,8 +129,9 @@ for _attempt in 1 2 3 4 5; do
   client=$port peer=$((port + 1))
   rm -rf "$data_dir/data"
   "$etcd_bin" --name dcr-test --data-dir "$data_dir/data" \
-    --listen-client-urls "http://127.0.0.1:$client" \
-    --advertise-client-urls "http://127.0.0.1:$client" \
+    --listen-client-urls "$scheme://127.0.0.1:$client" \
+    --advertise-client-urls "$scheme://127.0.0.1:$client" \
+    "${tls_flags[@]}" \
     --listen-peer-urls "http://127.0.0.1:$peer" \
     --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
     --initial-cluster "dcr-test=http://127.0.0.1:$peer" \
@@ -102,6 +160,27 @@ if ! $started; then
   exit 1
 fi
 
-export DCR_ETCD_ENDPOINT="http://127.0.0.1:$client"
+if $tls; then
+  # Users and roles, then authentication on (etcdctl speaks gRPC with the client certificate).
+  password=$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  root_password=$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  ctl() {
+    ETCDCTL_API=3 "${ETCDCTL_BIN:-etcdctl}" --endpoints "https://127.0.0.1:$client" \
+      --cacert "$t/ca.pem" --cert "$t/client.pem" --key "$t/client.key" "$@" >>"$data_dir/etcdctl.log" 2>&1
+  }
+  if ! { ctl user add "root:$root_password" && ctl role add root && ctl user grant-role root root &&
+         ctl role add dcr-rw && ctl role grant-permission dcr-rw --prefix=true readwrite / &&
+         ctl user add "dcr-test:$password" && ctl user grant-role dcr-test dcr-rw &&
+         ctl auth enable; }; then
+    echo "with-etcd.sh: could not set up etcd's users; etcdctl said:" >&2
+    cat "$data_dir/etcdctl.log" >&2
+    exit 1
+  fi
+  export DCR_ETCD_CA="$t/ca.pem"
+  export DCR_ETCD_CERT="$t/client.pem" DCR_ETCD_KEY="$t/client.key"
+  export DCR_ETCD_WRONG_CERT="$t/wrong.pem" DCR_ETCD_WRONG_KEY="$t/wrong.key"
+  export DCR_ETCD_USER=dcr-test DCR_ETCD_PASSWORD="$password"
+fi
+export DCR_ETCD_ENDPOINT="$scheme://127.0.0.1:$client"
 export DCR_ETCD_PID="$etcd_pid"
 run_beside_server "$@"

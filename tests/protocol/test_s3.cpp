@@ -663,7 +663,8 @@ TEST_CASE("prefetch_source and fan-out over S3: every payload delivered once, ea
     dcr::file_payload_store local(dir / "local");
     dcr::directory_claims claims(dir / "claims");
     using fan = dcr::fanout_store<dcr::s3_payload_store, dcr::file_payload_store>;
-    fan n0(remote, local, claims, {0, 2, 500ms}), n1(remote, local, claims, {1, 2, 500ms});
+    fan n0(remote, local, claims, {0, 2, 500ms, dcr::fanout_check::none}),
+        n1(remote, local, claims, {1, 2, 500ms, dcr::fanout_check::none});
     std::multiset<dcr::payload_id> g0, g1;
     {
       std::jthread t0([&] {

@@ -1,6 +1,8 @@
 // The S3 payload store's pieces that need no server: the s3:// URL syntax, options checks, the
 // canonical query and URI encoding SigV4 signs, the XML extractor, manifests; and the sources
-// and the fan-out store over local stores (prefetch_source, fanout_store, directory_claims).
+// and the fan-out store over local stores (prefetch_source, fanout_store, directory_claims); the
+// sources' deadlines and cancellation; the fan-out's check before sharing; credentials from a
+// shared credentials file.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -403,7 +405,8 @@ TEST_CASE("fanout_store: every payload crosses once, nodes read the rest locally
   using fan = dcr::fanout_store<counting_store, dcr::file_payload_store>;
   std::vector<std::unique_ptr<fan>> views;
   for (std::uint32_t n : {0u, 0u, 1u})
-    views.push_back(std::make_unique<fan>(remote, local, claims, dcr::fanout_options{n, nodes, 100ms}));
+    views.push_back(std::make_unique<fan>(remote, local, claims,
+                                           dcr::fanout_options{n, nodes, 100ms, dcr::fanout_check::none}));
   std::vector<std::multiset<dcr::payload_id>> got(views.size());
   {
     std::vector<std::jthread> threads;
@@ -435,4 +438,268 @@ TEST_CASE("fanout_store: every payload crosses once, nodes read the rest locally
   CHECK(remote.get(ids[0], out) == dcr::get_status::absent);
   CHECK(std::filesystem::is_empty(dir.path / "claims"));
   CHECK_THROWS_AS(fan(remote, local, claims, dcr::fanout_options{3, 3, 1s}), dcr::error);
+}
+
+// ---- the fan-out checks what it shares; the sources cancel what the receiver left
+
+namespace {
+
+/// A valid payload (no items) carrying `id` in its header.
+std::vector<std::byte> payload_of(const dcr::payload_id& id) {
+  const dcr::tensor_registry registry;
+  dcr::payload_header h;
+  h.id = id;
+  h.registry_fingerprint = registry.fingerprint();
+  std::vector<std::byte> out;
+  dcr::payload_encoder().encode(h, {}, registry, out);
+  return out;
+}
+
+/// A memory store whose next `damaged` gets return the payload with one byte flipped.
+class damaging_store {
+ public:
+  using payload_store_concept = dcr::payload_store_tag;
+  void put(const dcr::payload_id& id, std::span<const std::byte> b) { inner_.put(id, b); }
+  void put_manifest(const dcr::attempt_key& k, std::uint32_t o, std::span<const dcr::payload_id> ids) {
+    inner_.put_manifest(k, o, ids);
+  }
+  std::vector<dcr::owner_listing> list(const dcr::attempt_key& k) const { return inner_.list(k); }
+  dcr::get_status get(const dcr::payload_id& id, std::vector<std::byte>& out) const {
+    ++gets;
+    const auto s = inner_.get(id, out);
+    if (s == dcr::get_status::found && damaged > 0) {
+      --damaged;
+      out[out.size() / 2] ^= std::byte{0x40};
+    }
+    return s;
+  }
+  void erase_through(std::uint64_t v) { inner_.erase_through(v); }
+  mutable std::atomic<int> damaged{0}, gets{0};
+
+ private:
+  dcr::memory_payload_store inner_;
+};
+
+/// A store whose gets take `delay` unless cancelled through their get_control.
+class slow_store {
+ public:
+  using payload_store_concept = dcr::payload_store_tag;
+  void put(const dcr::payload_id& id, std::span<const std::byte> b) { inner_.put(id, b); }
+  void put_manifest(const dcr::attempt_key& k, std::uint32_t o, std::span<const dcr::payload_id> ids) {
+    inner_.put_manifest(k, o, ids);
+  }
+  std::vector<dcr::owner_listing> list(const dcr::attempt_key& k) const { return inner_.list(k); }
+  dcr::get_status get(const dcr::payload_id& id, std::vector<std::byte>& out) const {
+    return get(id, out, dcr::get_control{});
+  }
+  dcr::get_status get(const dcr::payload_id& id, std::vector<std::byte>& out, const dcr::get_control& c) const {
+    const auto until = std::chrono::steady_clock::now() + delay;
+    while (std::chrono::steady_clock::now() < until) {
+      if (c.cancel != nullptr && c.cancel->load()) {
+        ++cancelled;
+        throw dcr::error(dcr::errc::transport_failure, "slow_store: cancelled");
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    return inner_.get(id, out);
+  }
+  void erase_through(std::uint64_t v) { inner_.erase_through(v); }
+  std::chrono::milliseconds delay{5000};
+  mutable std::atomic<int> cancelled{0};
+
+ private:
+  dcr::memory_payload_store inner_;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TEST_CASE("fanout_store: a download that fails the payload check is downloaded again and never shared") {
+  temp_dir dir;
+  damaging_store remote;
+  const auto id = pid(1, 0);
+  remote.put(id, payload_of(id));
+  remote.put_manifest(id.attempt, 1, std::vector<dcr::payload_id>{id});
+  dcr::file_payload_store local(dir.path / "local");
+  dcr::directory_claims claims(dir.path / "claims");
+  using fan = dcr::fanout_store<damaging_store, dcr::file_payload_store>;
+  fan node(remote, local, claims, dcr::fanout_options{0, 1, 100ms});
+  std::vector<std::byte> out, shared;
+  // One damaged download: caught by the check, downloaded again; only the good copy is shared.
+  remote.damaged = 1;
+  REQUIRE(node.get(id, out) == dcr::get_status::found);
+  CHECK(out == payload_of(id));
+  CHECK(remote.gets == 2);
+  CHECK(node.stats().rejected == 1);
+  REQUIRE(local.get(id, shared) == dcr::get_status::found);
+  CHECK(shared == payload_of(id));
+  // Every download damaged: an error naming the payload; nothing shared.
+  const auto id2 = pid(1, 1);
+  remote.put(id2, payload_of(id2));
+  remote.damaged = 2;
+  const auto what = error_of([&] { (void)node.get(id2, out); }, dcr::errc::corrupt_payload);
+  CHECK(what.find(dcr::to_string(id2)) != std::string::npos);
+  CHECK(what.find("not shared") != std::string::npos);
+  CHECK(local.get(id2, shared) == dcr::get_status::absent);
+  // A payload under another id is refused as well (the check reads the header's id).
+  const auto id3 = pid(1, 2);
+  remote.put(id3, payload_of(pid(1, 7)));
+  CHECK(error_of([&] { (void)node.get(id3, out); }, dcr::errc::corrupt_payload).find("are payload") !=
+        std::string::npos);
+  CHECK(local.get(id3, shared) == dcr::get_status::absent);
+}
+
+TEST_CASE("fanout_store: a refetch downloads again instead of serving the shared copy") {
+  temp_dir dir;
+  damaging_store remote;
+  const auto id = pid(1, 0);
+  remote.put(id, payload_of(id));
+  remote.put_manifest(id.attempt, 1, std::vector<dcr::payload_id>{id});
+  dcr::file_payload_store local(dir.path / "local");
+  dcr::directory_claims claims(dir.path / "claims");
+  using fan = dcr::fanout_store<damaging_store, dcr::file_payload_store>;
+  fan node(remote, local, claims, dcr::fanout_options{0, 1, 100ms});
+  std::vector<std::byte> out;
+  REQUIRE(node.get(id, out) == dcr::get_status::found);
+  REQUIRE(remote.gets == 1);
+  REQUIRE(node.get(id, out) == dcr::get_status::found);  // the local copy
+  CHECK(remote.gets == 1);
+  // The sources' refetch asks for a fresh copy: downloaded again.
+  dcr::store_source<fan> src(node);
+  src.open(id.attempt, std::vector<std::uint32_t>{1});
+  CHECK(src.refetch(id, out));
+  CHECK(remote.gets == 2);
+  CHECK(out == payload_of(id));
+  dcr::prefetch_source<fan> pre(node, dcr::prefetch_options{1, 0, 5ms});
+  pre.open(id.attempt, std::vector<std::uint32_t>{1});
+  CHECK(pre.refetch(id, out));
+  CHECK(remote.gets == 3);
+  CHECK(node.stats().fresh_gets == 2);
+}
+
+TEST_CASE("store_source: next() keeps its deadline while a get is slow; close() cancels the get") {
+  slow_store store;
+  const auto ids = fill(store, {1}, 1);
+  dcr::store_source<slow_store> src(store, 2ms);
+  const dcr::attempt_key key{1, 2, 0};
+  src.open(key, std::vector<std::uint32_t>{1});
+  dcr::delivery d;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(src.next(d, dcr::protocol_clock::now() + 100ms) == dcr::source_status::timed_out);
+  CHECK(seconds_since(t0) < 1.0);
+  const auto t1 = std::chrono::steady_clock::now();
+  src.close(key);  // the receiver left the attempt (fenced, or past its deadline)
+  CHECK(seconds_since(t1) < 1.0);
+  CHECK(store.cancelled == 1);
+  // A fast get is delivered as before.
+  store.delay = 0ms;
+  src.open(key, std::vector<std::uint32_t>{1});
+  REQUIRE(src.next(d, dcr::protocol_clock::now() + 5s) == dcr::source_status::delivered);
+  CHECK(d.id == ids[0]);
+  CHECK(src.next(d, dcr::protocol_clock::now() + 5s) == dcr::source_status::complete);
+}
+
+TEST_CASE("prefetch_source: close() and open() cancel the gets in flight") {
+  slow_store store;
+  fill(store, {1}, 3);
+  const dcr::attempt_key key{1, 2, 0};
+  {
+    dcr::prefetch_source<slow_store> src(store, dcr::prefetch_options{2, 0, 5ms});
+    src.open(key, std::vector<std::uint32_t>{1});
+    dcr::delivery d;
+    CHECK(src.next(d, dcr::protocol_clock::now() + 100ms) == dcr::source_status::timed_out);
+    src.close(key);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (store.cancelled < 2 && seconds_since(t0) < 2.0) std::this_thread::sleep_for(5ms);
+    CHECK(store.cancelled == 2);
+    CHECK(seconds_since(t0) < 1.0);
+    const auto t1 = std::chrono::steady_clock::now();
+    src.open(key, std::vector<std::uint32_t>{1});
+    CHECK(src.next(d, dcr::protocol_clock::now() + 100ms) == dcr::source_status::timed_out);
+    // the destructor cancels what is in flight rather than waiting 5 s for it
+    (void)t1;
+  }
+  CHECK(store.cancelled == 4);
+}
+
+TEST_CASE("s3_credentials: the shared credentials file, AWS_PROFILE and AWS_SHARED_CREDENTIALS_FILE") {
+  temp_dir dir;
+  const auto file = dir.path / "credentials";
+  std::ofstream(file) << "# a comment\n[default]\naws_access_key_id = AKIDDEFAULT\n"
+                         "aws_secret_access_key=default-secret\n\n; another\n[ci]\n"
+                         "aws_access_key_id=AKIDCI\r\naws_secret_access_key = ci-secret \n"
+                         "aws_session_token = ci-token\nregion = eu-west-1\n[half]\naws_access_key_id=AKIDHALF\n";
+  auto c = dcr::s3_credentials::from_profile(file.string(), "ci");
+  CHECK(c.access_key_id == "AKIDCI");
+  CHECK(c.secret_access_key == "ci-secret");
+  CHECK(c.session_token == "ci-token");
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+  ::unsetenv("AWS_SESSION_TOKEN");
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", file.c_str(), 1);
+  ::unsetenv("AWS_PROFILE");
+  c = dcr::s3_credentials::from_environment();
+  CHECK(c.access_key_id == "AKIDDEFAULT");
+  CHECK(c.session_token.empty());
+  ::setenv("AWS_PROFILE", "ci", 1);
+  CHECK(dcr::s3_credentials::from_environment().secret_access_key == "ci-secret");
+  // The environment's keys come first, with their session token.
+  ::setenv("AWS_ACCESS_KEY_ID", "AKIDENV", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "env-secret", 1);
+  ::setenv("AWS_SESSION_TOKEN", "env-token", 1);
+  c = dcr::s3_credentials::from_environment();
+  CHECK(c.access_key_id == "AKIDENV");
+  CHECK(c.session_token == "env-token");
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+  ::unsetenv("AWS_SESSION_TOKEN");
+  // Clear refusals, naming the file and profile, never a value.
+  ::setenv("AWS_PROFILE", "nope", 1);
+  auto what = error_of([] { dcr::s3_credentials::from_environment(); }, dcr::errc::invalid_argument);
+  CHECK(what.find("profile 'nope'") != std::string::npos);
+  CHECK(what.find(file.string()) != std::string::npos);
+  ::setenv("AWS_PROFILE", "half", 1);
+  what = error_of([] { dcr::s3_credentials::from_environment(); }, dcr::errc::invalid_argument);
+  CHECK(what.find("no aws_secret_access_key") != std::string::npos);
+  CHECK(what.find("AKIDHALF") == std::string::npos);
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", (dir.path / "missing").c_str(), 1);
+  what = error_of([] { dcr::s3_credentials::from_environment(); }, dcr::errc::invalid_argument);
+  CHECK(what.find("no credentials file") != std::string::npos);
+  ::unsetenv("AWS_PROFILE");
+  ::unsetenv("AWS_SHARED_CREDENTIALS_FILE");
+  // AWS_CA_BUNDLE reaches the options.
+  ::setenv("AWS_ACCESS_KEY_ID", "AKIDENV", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "env-secret", 1);
+  ::setenv("AWS_CA_BUNDLE", file.c_str(), 1);
+  CHECK(dcr::s3_options::from_environment("s3://bucket-x/p", "https://127.0.0.1:9").ca_file == file.string());
+  ::unsetenv("AWS_CA_BUNDLE");
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+}
+
+TEST_CASE("s3_options: requests are bounded by default; unbounded settings are refused") {
+  const dcr::s3_options d;
+  CHECK(d.request_timeout.count() > 0);
+  CHECK(d.min_rate >= 1024);  // a trickle of a few bytes a second is cut
+  CHECK(d.max_object_size < (std::uint64_t{1} << 40));
+  dcr::s3_options o;
+  o.endpoint = "http://127.0.0.1:9";
+  o.bucket = "bucket";
+  o.credentials = {"AKID", "top-secret", ""};
+  for (int i = 0; i < 4; ++i) {
+    auto x = o;
+    if (i == 0) x.request_timeout = 0ms;
+    if (i == 1) x.min_rate = 0;
+    if (i == 2) x.max_object_size = 0;
+    if (i == 3) x.stall_timeout = 0s;
+    CHECK(error_of([&] { dcr::s3_payload_store s(x); }, dcr::errc::invalid_argument).find("must be > 0") !=
+          std::string::npos);
+  }
+  auto x = o;
+  x.ca_file = "/nonexistent/ca.pem";
+  CHECK(error_of([&] { dcr::s3_payload_store s(x); }, dcr::errc::invalid_argument).find("/nonexistent/ca.pem") !=
+        std::string::npos);
 }

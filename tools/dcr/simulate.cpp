@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -45,19 +46,24 @@ the seed and step, and each receiver checks its own storage against a dense refi
 
 processes:
   --in-process          one process plays every role (in-memory store and control plane)
-  --commit C            file[:DIR] | etcd://HOST:PORT[/PREFIX] | memory (= --in-process)
-                        (default file, in the work directory)
+  --commit C            file[:DIR] | etcd[s]://HOST:PORT[/PREFIX][?OPTIONS] | memory
+                        (= --in-process) (default file, in the work directory); etcd OPTIONS:
+                        ca=FILE, cert=FILE, key=FILE (etcds), user=NAME, password-file=FILE
+                        (else DCR_ETCD_PASSWORD), joined by '&' (docs/guide-stores.md)
   --store DIR           filesystem payload store directory (default: in the work directory)
   --transport T         file | s3://BUCKET[/PREFIX] | relay: how payloads travel from owners
                         to receivers (default file, the filesystem payload store; relay: owners
                         stream to relay roots that forward to every receiver's node over
                         mutual TLS, see docs/transports.md). S3 credentials
                         come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and
-                        AWS_SESSION_TOKEN); the run's objects go under PREFIX/<run>/ and are
-                        erased at the end unless --keep
+                        AWS_SESSION_TOKEN), else the AWS_PROFILE profile of
+                        AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials); the run's objects go
+                        under PREFIX/<run>/ and are erased at the end unless --keep
   --s3-endpoint URL     the S3 service, e.g. http://127.0.0.1:8333 (default AWS,
                         https://s3.REGION.amazonaws.com)
   --s3-region R         signing region (default AWS_REGION, AWS_DEFAULT_REGION or us-east-1)
+  --s3-ca-bundle FILE   PEM CAs an https endpoint is verified against (sets AWS_CA_BUNDLE for
+                        the run; default AWS_CA_BUNDLE, else the system's)
   --s3-addressing A     path | virtual: BUCKET in the path or in the host name (default path
                         with --s3-endpoint, virtual for AWS)
   --s3-fanout           rollout nodes each download a disjoint share of every attempt from S3
@@ -210,6 +216,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   ps.s3_endpoint = args.value("--s3-endpoint", "");
   ps.s3_region = args.value("--s3-region", "");
   ps.s3_addressing = args.value("--s3-addressing", "");
+  const auto ca_bundle = args.value("--s3-ca-bundle", "");
   ps.s3_fanout = args.flag("--s3-fanout");
   const auto parallel_gets = args.integer("--s3-parallel-gets", -1);  // -1: not given
   const auto multipart_mb = args.integer("--s3-multipart-mb", -1);
@@ -227,10 +234,12 @@ int simulate_main(const std::vector<std::string>& argv) {
       throw usage_error("--s3-parallel-gets must be 1 to 64");
     if (ps.s3_multipart_mb < 5) throw usage_error("--s3-multipart-mb must be at least 5 (S3's smallest part)");
     if (!ps.store.empty()) throw usage_error("--store is the file transport's directory (not with --transport s3://...)");
+    // The environment carries it to every process of the run (s3_options::from_environment).
+    if (!ca_bundle.empty()) ::setenv("AWS_CA_BUNDLE", ca_bundle.c_str(), 1);
   } else if (ps.transport != "file" && ps.transport != "relay") {
     throw usage_error("--transport must be file, relay or s3://BUCKET[/PREFIX]");
   } else if (!ps.s3_endpoint.empty() || !ps.s3_region.empty() || !ps.s3_addressing.empty() ||
-             ps.s3_fanout || parallel_gets != -1 || multipart_mb != -1) {
+             !ca_bundle.empty() || ps.s3_fanout || parallel_gets != -1 || multipart_mb != -1) {
     throw usage_error("the --s3-* options need --transport s3://BUCKET[/PREFIX]");
   }
   ps.relay_roots = static_cast<int>(args.integer("--relay-roots", 4));
@@ -273,7 +282,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   args.finish();
   if (ps.commit != "file" && ps.commit != "memory" && ps.commit.rfind("file:", 0) != 0 &&
       ps.commit.rfind("etcd://", 0) != 0 && ps.commit.rfind("etcds://", 0) != 0)
-    throw usage_error("--commit must be file[:DIR], etcd://HOST:PORT[/PREFIX] or memory");
+    throw usage_error("--commit must be file[:DIR], etcd[s]://HOST:PORT[/PREFIX][?OPTIONS] or memory");
   if (in_process && (ps.transport != "file" || ps.link_rate > 0 || ps.trainer_nodes > 1 ||
                      ps.rollout_nodes > 1 || ps.reference))
     throw usage_error("--transport, --link-rate, --reference and the node options need separate processes (not --in-process)");

@@ -82,7 +82,7 @@ template <class F>
 int with_plane(const simulate_settings& s, F&& f) {
   if (uses_etcd(s)) {
     const auto address = dcr::etcd_control_plane::parse_address(s.commit);
-    dcr::etcd_control_plane plane(address.endpoint);
+    dcr::etcd_control_plane plane(address.endpoint, address.options);
     dcr::protocol_keys keys{address.key_prefix};
     return f(plane, keys);
   }

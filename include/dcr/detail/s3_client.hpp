@@ -15,6 +15,15 @@
 // Credentials go to libcurl as CURLOPT_USERNAME / CURLOPT_PASSWORD, never into a URL, a header
 // string of ours or a message.
 //
+// Bounds: every request has a whole-request limit (request_timeout_ms, CURLOPT_TIMEOUT_MS), a
+// connect limit, and a minimum rate (min_rate bytes/s averaged over stall_timeout_s:
+// CURLOPT_LOW_SPEED_LIMIT/TIME), so a trickling server is cut, not waited on. A response body
+// is capped (request::max_bytes, else client_config::max_body_bytes): a Content-Length above
+// the cap, or more bytes than it, ends the transfer at once (never retried: the object is what
+// it is), and Content-Length reserves at most the cap. A request may carry a cancellation flag
+// and a deadline, checked by libcurl's progress callback (at least once a second, and as data
+// moves) and between retries: a cancelled or late request ends within about a second.
+//
 // Retries: a request is repeated (up to max_retries more times, with exponential backoff and
 // full jitter) when libcurl could not complete it (connect failure, timeout, stall, reset) or
 // S3 answered 5xx, 429, 503 SlowDown, 400 RequestTimeout or 409 ConditionalRequestConflict, or
@@ -30,6 +39,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
@@ -114,9 +124,12 @@ struct client_config {
   std::string region;
   std::string access_key_id, secret_access_key, session_token;
   bool sign_payload = true;  ///< hash bodies (else UNSIGNED-PAYLOAD)
+  std::string ca_file;       ///< PEM bundle of trusted CAs for https ("": libcurl's default)
   long connect_timeout_ms = 5000;
-  long request_timeout_ms = 0;  ///< whole request; 0: none
-  long stall_timeout_s = 30;    ///< abort below 1 byte/s for this long
+  long request_timeout_ms = 120000;  ///< whole request, > 0
+  long stall_timeout_s = 30;         ///< abort below min_rate bytes/s for this long
+  long min_rate = 1024;              ///< bytes/s, >= 1
+  std::uint64_t max_body_bytes = std::uint64_t{8} << 30;  ///< response body cap
   int max_retries = 5;
   std::chrono::milliseconds backoff_initial{100};
   std::chrono::milliseconds backoff_max{5000};
@@ -132,6 +145,12 @@ struct request {
   std::vector<std::string> headers;  ///< extra "Name: value" lines (never credentials)
   /// A successful response body goes here (replacing its contents) instead of `text`.
   std::vector<std::byte>* into = nullptr;
+  /// The body may hold at most this many bytes (0: client_config::max_body_bytes).
+  std::uint64_t max_bytes = 0;
+  /// Set (by another thread): the request ends, errc::transport_failure "cancelled".
+  const std::atomic<bool>* cancel = nullptr;
+  /// Past it the request ends (and is not retried), errc::deadline_exceeded.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 /// What S3 answered.
@@ -143,6 +162,9 @@ struct response {
   std::string error_message;
   int attempts = 0;        ///< tries it took (1: no retry)
   CURLcode curl_code = CURLE_OK;  ///< libcurl's outcome (status 0 when not CURLE_OK)
+  bool too_large = false;  ///< the body exceeded the cap (status 0)
+  bool cancelled = false;  ///< the cancellation flag was set (status 0)
+  bool late = false;       ///< the request's deadline passed (status 0)
 };
 
 class client {
@@ -175,7 +197,13 @@ class client {
                              std::find(accepted.begin(), accepted.end(), out.status) != accepted.end();
       if (out.status != 0 && ok_status) return out;
       if (!retryable(out) || attempt >= config_.max_retries) fail(r, out);
-      backoff(attempt);
+      if (!backoff(attempt, r)) {  // cancelled or past the deadline while waiting
+        out.status = 0;
+        out.cancelled = cancelled(r);
+        out.late = !out.cancelled;
+        out.error_message = out.cancelled ? "cancelled" : "deadline passed";
+        fail(r, out);
+      }
     }
   }
 
@@ -189,6 +217,25 @@ class client {
     std::string etag;
     CURLcode curl_code = CURLE_OK;
     std::string curl_message;
+    std::uint64_t max_bytes = 0;
+    std::uint64_t received = 0;
+    std::uint64_t declared = 0;  // Content-Length of the last response (0: none)
+    const std::atomic<bool>* cancel = nullptr;
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+    bool too_large = false, cancelled = false, late = false;
+
+    static int on_progress(void* self, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+      auto& t = *static_cast<transfer*>(self);
+      if (t.cancel != nullptr && t.cancel->load(std::memory_order_relaxed)) {
+        t.cancelled = true;
+        return 1;  // CURLE_ABORTED_BY_CALLBACK
+      }
+      if (std::chrono::steady_clock::now() >= t.deadline) {
+        t.late = true;
+        return 1;
+      }
+      return 0;
+    }
 
     static std::size_t on_read(char* buffer, std::size_t size, std::size_t count, void* self) {
       auto& t = *static_cast<transfer*>(self);
@@ -206,6 +253,11 @@ class client {
     }
     static std::size_t on_write(char* data, std::size_t size, std::size_t count, void* self) {
       auto& t = *static_cast<transfer*>(self);
+      t.received += size * count;
+      if (t.received > t.max_bytes) {
+        t.too_large = true;
+        return 0;  // CURLE_WRITE_ERROR
+      }
       try {  // nothing may propagate through libcurl
         if (t.into != nullptr) {
           const auto* p = reinterpret_cast<const std::byte*>(data);
@@ -224,6 +276,7 @@ class client {
       const auto colon = line.find(':');
       if (line.starts_with("HTTP/")) {  // a new response (after 100 Continue): start over
         t.etag.clear();
+        t.declared = 0;
       } else if (colon != std::string_view::npos) {
         std::string name(line.substr(0, colon));
         std::transform(name.begin(), name.end(), name.begin(),
@@ -234,9 +287,14 @@ class client {
           value.remove_suffix(1);
         try {
           if (name == "etag") t.etag = std::string(value);
-          if (name == "content-length" && t.into != nullptr) {
+          if (name == "content-length") {
             const auto n = std::stoull(std::string(value));
-            if (n < (std::uint64_t{1} << 40)) t.into->reserve(static_cast<std::size_t>(n));
+            t.declared = n;
+            if (n > t.max_bytes) {  // refused before a byte of the body is read
+              t.too_large = true;
+              return 0;
+            }
+            if (t.into != nullptr) t.into->reserve(static_cast<std::size_t>(n));
           }
         } catch (const std::exception&) {
           // a malformed header: not ours to judge (the status decides)
@@ -288,7 +346,17 @@ class client {
     transfer t;
     t.body = r.body;
     t.into = r.into;
+    t.max_bytes = r.max_bytes != 0 ? std::min(r.max_bytes, config_.max_body_bytes) : config_.max_body_bytes;
+    t.cancel = r.cancel;
+    t.deadline = r.deadline;
     if (t.into != nullptr) t.into->clear();
+    if (cancelled(r) || std::chrono::steady_clock::now() >= r.deadline) {
+      response out;
+      out.cancelled = cancelled(r);
+      out.late = !out.cancelled;
+      out.error_message = out.cancelled ? "cancelled" : "deadline passed";
+      return out;
+    }
     const std::string url = url_of(r);
     const std::string hash = config_.sign_payload || r.body.empty() ? sha256_hex(r.body) : "UNSIGNED-PAYLOAD";
     const std::string method(r.method);
@@ -317,8 +385,12 @@ class client {
     curl_easy_setopt(h, CURLOPT_HEADERDATA, static_cast<void*>(&t));
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, config_.connect_timeout_ms);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, config_.request_timeout_ms);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, config_.min_rate);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, config_.stall_timeout_s);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, &transfer::on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, static_cast<void*>(&t));
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    if (!config_.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, config_.ca_file.c_str());
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM for timeouts
     curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
     if (r.method == "GET") {
@@ -347,6 +419,18 @@ class client {
     if (outcome.code != CURLE_OK) {
       out.curl_code = outcome.code;
       out.error_message = outcome.message;
+      out.too_large = t.too_large;
+      out.cancelled = t.cancelled;
+      out.late = t.late;
+      if (t.too_large)
+        out.error_message = "the body exceeds the cap of " + std::to_string(t.max_bytes) + " bytes" +
+                            (t.declared > t.max_bytes ? " (Content-Length " + std::to_string(t.declared) + ")"
+                                                      : std::string());
+      else if (t.cancelled)
+        out.error_message = "cancelled";
+      else if (t.late)
+        out.error_message = "deadline passed";
+      if (t.into != nullptr) t.into->clear();
       return out;
     }
     const long status = outcome.status;
@@ -375,7 +459,12 @@ class client {
     return out;
   }
 
+  static bool cancelled(const request& r) noexcept {
+    return r.cancel != nullptr && r.cancel->load(std::memory_order_relaxed);
+  }
+
   bool retryable(const response& r) const {
+    if (r.too_large || r.cancelled || r.late) return false;
     if (r.status == 0) {  // libcurl could not complete the exchange
       switch (r.curl_code) {
         case CURLE_COULDNT_RESOLVE_HOST:
@@ -402,7 +491,9 @@ class client {
     return false;
   }
 
-  void backoff(int attempt) {
+  // Waits before retry `attempt`; false (at once) if the request is cancelled or its deadline
+  // passes meanwhile.
+  bool backoff(int attempt, const request& r) {
     const auto cap = std::min<std::int64_t>(config_.backoff_max.count(),
                                             config_.backoff_initial.count() << std::min(attempt, 20));
     std::int64_t wait = 0;
@@ -410,7 +501,15 @@ class client {
       std::lock_guard lock(mutex_);
       wait = std::uniform_int_distribution<std::int64_t>(cap / 2, std::max<std::int64_t>(cap, 0))(rng_);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(wait));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait);
+    for (;;) {
+      if (cancelled(r)) return false;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= r.deadline) return false;
+      if (now >= until) return true;
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+          until - now, std::chrono::milliseconds(20)));
+    }
   }
 
   [[noreturn]] void fail(const request& r, const response& out) const {
@@ -429,7 +528,7 @@ class client {
         what += " (access denied: check the credentials, the region and the bucket policy)";
     }
     if (out.attempts > 1) what += " (after " + std::to_string(out.attempts) + " attempts)";
-    throw error(errc::transport_failure, what);
+    throw error(out.late ? errc::deadline_exceeded : errc::transport_failure, what);
   }
 
   client_config config_;

@@ -35,16 +35,28 @@
 // unavailable write may or may not have been applied (a frozen server can apply a request it
 // received after the client gave up): callers re-read, as after any lost race.
 //
+// Security: an https:// endpoint (etcds:// address) is verified against etcd_options::ca_file
+// (else the system's CAs); cert_file and key_file present a client certificate (etcd's
+// --client-cert-auth; etcd's gateway refuses certificates that carry a CommonName, so use one
+// without). With a user, the plane authenticates (POST /v3/auth/authenticate with the user and
+// password) before its first call and sends the token in the Authorization header; a token
+// etcd no longer accepts (gRPC Unauthenticated, "invalid auth token": simple tokens expire
+// after --auth-token-ttl without use, and on a leader change) is renewed and the call repeated
+// once. A wrong password throws errc::invalid_argument naming the user. The password is never
+// in a message or a URL.
+//
 // Thread-safe: one libcurl handle (one kept-alive connection) serves every call but
 // wait_for_change, one at a time under a mutex; wait_for_change uses its own handle (a fresh
 // one when another thread is already waiting), so waiting never blocks the other calls.
-// Not supported yet: TLS client certificates, etcd authentication, several endpoints.
+// Not supported yet: several endpoints.
 #pragma once
 
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -67,12 +79,21 @@ struct etcd_options {
   std::chrono::milliseconds connect_timeout{1000};
   /// Prepended verbatim to every key (e.g. "/dcr"); empty: keys are etcd keys as they are.
   std::string key_prefix;
+  /// PEM bundle of the CAs etcd's certificate is verified against (https); "": the system's.
+  std::string ca_file;
+  /// PEM client certificate and its key, for etcd's --client-cert-auth (both or neither).
+  std::string cert_file, key_file;
+  /// etcd user and password (authentication enabled); empty user: no authentication.
+  std::string user, password;
 };
 
 /// Where a control plane lives, as etcd_control_plane::parse_address reads it.
 struct etcd_address {
   std::string endpoint;    ///< e.g. "http://127.0.0.1:2379"
   std::string key_prefix;  ///< e.g. "/dcr"
+  /// The address's ca, cert, key and user settings, and the password they name (the rest of
+  /// the options at their defaults).
+  etcd_options options;
 };
 
 class etcd_control_plane {
@@ -80,22 +101,31 @@ class etcd_control_plane {
   using control_plane_concept = control_plane_tag;
 
   /// Reads the address syntax of `dcr simulate --control-plane`:
-  ///   etcd://HOST:PORT[/PREFIX]    endpoint http://HOST:PORT, key prefix /PREFIX (default /dcr)
-  ///   etcds://HOST:PORT[/PREFIX]   the same over https
+  ///   etcd://HOST:PORT[/PREFIX][?OPTIONS]    endpoint http://HOST:PORT, key prefix /PREFIX
+  ///                                          (default /dcr)
+  ///   etcds://HOST:PORT[/PREFIX][?OPTIONS]   the same over https
   /// HOST is a name, an IPv4 address or a bracketed IPv6 address ([::1]); PORT is 1 to 65535
   /// and required; PREFIX keeps its inner slashes and loses trailing ones ("/a/b/" -> "/a/b"),
   /// and must not be empty (`etcd://h:1/` is rejected, so a typo never selects the whole
-  /// keyspace). Throws errc::invalid_argument naming the address and what is wrong.
+  /// keyspace). OPTIONS are NAME=VALUE pairs joined by '&', each at most once: ca=FILE,
+  /// cert=FILE, key=FILE (etcds only; cert and key together), user=NAME, and password-file=FILE
+  /// (the password is the file's first line; without it, DCR_ETCD_PASSWORD), needing user. No
+  /// password is ever written in an address. Throws errc::invalid_argument naming the address
+  /// (without its options' values past the file names) and what is wrong, or the password file
+  /// that cannot be read.
   static etcd_address parse_address(std::string_view address);
 
   /// A control plane at `endpoint`, an http:// or https:// URL of one etcd member's client
   /// port (e.g. "http://127.0.0.1:2379"; a trailing '/' is dropped). Connects lazily: an
   /// unreachable etcd is reported by the first operation. Throws errc::invalid_argument for an
-  /// endpoint that is not such a URL or non-positive timeouts.
+  /// endpoint that is not such a URL, non-positive timeouts, a certificate without its key (or
+  /// the reverse), TLS files over http://, a password without a user, or a CA, certificate or
+  /// key file that cannot be read.
   explicit etcd_control_plane(std::string endpoint, etcd_options options = {});
 
-  /// A control plane at an etcd://HOST:PORT[/PREFIX] address (parse_address); the address's
-  /// prefix replaces options.key_prefix.
+  /// A control plane at an etcd://HOST:PORT[/PREFIX][?OPTIONS] address (parse_address); the
+  /// address's prefix replaces options.key_prefix, and its ca, cert, key and user settings
+  /// those of `options`.
   static etcd_control_plane open(std::string_view address, etcd_options options = {});
 
   etcd_control_plane(const etcd_control_plane&) = delete;
@@ -144,6 +174,9 @@ class etcd_control_plane {
   /// Ends `lease` now; etcd erases its records in the same step. An unknown (expired or
   /// already revoked) lease is not an error.
   void revoke(lease_id lease);
+
+  /// Authentications made since construction (the first call's, then one per renewed token).
+  [[nodiscard]] std::uint64_t authentications() const noexcept { return authentications_.load(); }
 
  private:
   struct handle_deleter {
@@ -247,6 +280,13 @@ class etcd_control_plane {
   [[noreturn]] void unavailable(std::string_view op, const std::string& key,
                                 const std::string& why) const;
 
+  // The token to send ("" without a user), authenticating first when there is none.
+  std::string token();
+  // `used` was refused as expired: forget it (unless another thread already renewed it).
+  void drop_token(const std::string& used);
+  // Whether `f` is etcd refusing a token (gRPC Unauthenticated).
+  static bool token_refused(const etcd_failure& f);
+
   [[noreturn]] void fail_grpc(std::string_view op, const std::string& key,
                               const etcd_failure& f) const;
 
@@ -272,7 +312,7 @@ class etcd_control_plane {
   template <class Sink>
   long perform(CURL* h, const char* path, const std::string& body,
                std::size_t (*write)(char*, std::size_t, std::size_t, void*), Sink* sink,
-               long timeout_ms, long connect_ms) const {
+               long timeout_ms, long connect_ms, const std::string& auth_token) const {
     curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
     headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
     const std::string url = endpoint_ + path;
@@ -286,6 +326,13 @@ class etcd_control_plane {
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: threads
     curl_easy_setopt(h, CURLOPT_PROXY, "");     // a cluster-internal service: ignore *_proxy
+    curl_easy_setopt(h, CURLOPT_CAINFO, options_.ca_file.empty() ? nullptr : options_.ca_file.c_str());
+    curl_easy_setopt(h, CURLOPT_SSLCERT, options_.cert_file.empty() ? nullptr : options_.cert_file.c_str());
+    curl_easy_setopt(h, CURLOPT_SSLKEY, options_.key_file.empty() ? nullptr : options_.key_file.c_str());
+    if (!auth_token.empty()) {
+      const std::string line = "Authorization: " + auth_token;
+      headers = curl_slist_append(headers, line.c_str());
+    }
     const auto outcome = detail::curl_perform(h, headers);
     sink->curl_code = outcome.code;
     if (outcome.code != CURLE_OK) {
@@ -316,6 +363,11 @@ class etcd_control_plane {
   nlohmann::json call(std::string_view op, const std::string& key, const char* path,
                       const nlohmann::json& body, bool not_found_ok = false);
 
+  // call() without authentication or token renewal: the body of one POST.
+  nlohmann::json call_once(std::string_view op, const std::string& key, const char* path,
+                           const std::string& text, const std::string& auth_token,
+                           std::optional<etcd_failure>& refused);
+
   control_record to_record(const nlohmann::json& kv) const;
 
   std::string endpoint_;
@@ -325,6 +377,9 @@ class etcd_control_plane {
   handle_ptr handle_;
   std::mutex watch_mutex_;  // guards watch_handle_
   handle_ptr watch_handle_;
+  std::mutex auth_mutex_;  // guards token_
+  std::string token_;
+  std::atomic<std::uint64_t> authentications_{0};
 };
 
 static_assert(control_plane<etcd_control_plane>);

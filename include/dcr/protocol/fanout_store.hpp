@@ -13,9 +13,17 @@
 //   2. else, if the id is in this node's share (share_of) or has been asked for here for at
 //      least `takeover_after` without turning up locally (its node is dead, not in this
 //      attempt, or busy), this node claims it (directory_claims: one claim per id across the
-//      cluster), gets it from the remote store, puts it into the local store and answers found;
+//      cluster), gets it from the remote store, checks it (fanout_options::check: by default the
+//      payload checks the decoder makes before it applies anything, checksum and framing,
+//      payload_decoder::read_table, and that the payload is the one asked for), and only then
+//      puts it into the local store and answers found. A download that fails the check is
+//      downloaded again (check_retries times); one that still fails is shared with nobody:
+//      get throws errc::corrupt_payload naming the payload and the failed check;
 //   3. else, or while another node holds the claim: absent (a prefetch_source asks again a poll
 //      interval later).
+// get(id, out, control) with control.fresh (a refetch after a failed apply) skips the local
+// copy and the claim: it downloads again and checks, and shares nothing. The control's
+// cancellation and deadline reach the remote get when the remote store takes them.
 // A claim lasts while its holder downloads and forwards; the kernel drops it when the holder
 // dies (flock), so a killed node's share is taken over and no payload waits on a dead node.
 // Between live nodes a payload is downloaded once per attempt (a holder that dies mid-download
@@ -45,9 +53,11 @@
 #include <utility>
 #include <vector>
 
+#include "dcr/codec/payload.hpp"
 #include "dcr/error.hpp"
 #include "dcr/io/file.hpp"
 #include "dcr/protocol/control_plane.hpp"
+#include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
 
 namespace dcr {
@@ -86,6 +96,12 @@ class directory_claims {
   std::filesystem::path dir_;
 };
 
+/// What a fanout_store checks a download with before it shares it.
+enum class fanout_check {
+  payload,  ///< check_payload: a dcr payload, intact, with the id it was asked for
+  none,     ///< nothing (stores of other bytes than dcr payloads)
+};
+
 /// Where one fanout_store sits in the rollout cluster.
 struct fanout_options {
   std::uint32_t node = 0;   ///< this rollout node, < nodes
@@ -93,7 +109,15 @@ struct fanout_options {
   /// How long a payload outside this node's share may stay absent locally, counted from the
   /// first get of it here, before this node takes it over.
   std::chrono::milliseconds takeover_after{1000};
+  fanout_check check = fanout_check::payload;
+  int check_retries = 1;  ///< further downloads of a payload that fails the check, >= 0
 };
+
+/// The checks a receiver's decoder makes before anything is applied that need no registry:
+/// payload_decoder::read_table (magic, version, sizes, the XXH3-64 checksum, the item table)
+/// and the header's attempt, owner and sequence equal to `id`. Throws the decoder's dcr::error
+/// (corrupt_payload, truncated_payload, ...) or errc::stale_payload for another id.
+void check_payload(const payload_id& id, std::span<const std::byte> bytes);
 
 /// The rollout node (of `nodes`) whose share payload `id` is in: consecutive payloads of an
 /// owner go to consecutive nodes, each owner starting elsewhere, so every node's share is
@@ -109,6 +133,8 @@ struct fanout_stats {
   std::uint64_t remote_gets = 0;   ///< payloads this node downloaded and forwarded
   std::uint64_t remote_bytes = 0;  ///< their bytes
   std::uint64_t takeovers = 0;     ///< of them, outside this node's share
+  std::uint64_t rejected = 0;      ///< downloads that failed the check (never shared)
+  std::uint64_t fresh_gets = 0;    ///< downloads for get_control::fresh (refetches)
 };
 
 template <payload_store Remote, payload_store Local>
@@ -123,7 +149,12 @@ class fanout_store {
   void put_manifest(const attempt_key& key, std::uint32_t owner, std::span<const payload_id> ids);
   std::vector<owner_listing> list(const attempt_key& key) const { return remote_->list(key); }
 
-  get_status get(const payload_id& id, std::vector<std::byte>& out) const;
+  get_status get(const payload_id& id, std::vector<std::byte>& out) const {
+    return get(id, out, get_control{});
+  }
+
+  /// get with a control (see the file comment: `fresh` downloads again).
+  get_status get(const payload_id& id, std::vector<std::byte>& out, const get_control& control) const;
 
   void erase_through(std::uint64_t version);
 
@@ -133,6 +164,8 @@ class fanout_store {
   // True once `id` was first asked for here at least takeover_after ago.
   bool overdue(const payload_id& id) const;
   void forget(const payload_id& id) const;
+  // Downloads `id` and checks it (again on a failed check, check_retries times).
+  get_status download(const payload_id& id, std::vector<std::byte>& out, const get_control& control) const;
 
   Remote* remote_;
   Local* local_;
@@ -140,7 +173,8 @@ class fanout_store {
   fanout_options options_;
   mutable std::mutex mutex_;
   mutable std::map<payload_id, protocol_clock::time_point> first_asked_;
-  mutable std::atomic<std::uint64_t> local_hits_{0}, remote_gets_{0}, remote_bytes_{0}, takeovers_{0};
+  mutable std::atomic<std::uint64_t> local_hits_{0}, remote_gets_{0}, remote_bytes_{0}, takeovers_{0},
+      rejected_{0}, fresh_gets_{0};
 };
 
 }  // namespace dcr

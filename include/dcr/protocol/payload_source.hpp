@@ -8,14 +8,24 @@
 // delivered; a receiver that has applied everything then acknowledges. prefetch_source does
 // what store_source does with several gets in flight at once (object storage, where one get at
 // a time leaves most of a link idle).
+//
+// Neither adapter runs a get on the caller's thread: next() returns timed_out at its deadline
+// even while a get is in flight, so the receiver agent sees its attempt deadline and a fence on
+// time; close(key) (which the receiver calls at the end of every attempt), open() and the
+// destructor cancel the gets in flight and wait for them. A store that takes a get_control
+// (controllable_store: s3_payload_store, fanout_store) ends a cancelled get at once; any other
+// store's get runs to its end.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -62,6 +72,38 @@ bool for_each_listed(const std::vector<owner_listing>& listing, std::span<const 
 
 }  // namespace detail
 
+/// How one get may be bounded and interrupted, for stores that take it (controllable_store).
+struct get_control {
+  /// Once set (by any thread), the get ends soon (within about a second) by throwing
+  /// errc::transport_failure; nothing is returned.
+  const std::atomic<bool>* cancel = nullptr;
+  /// Past it the get throws errc::deadline_exceeded.
+  protocol_clock::time_point deadline = protocol_clock::time_point::max();
+  /// A payload larger than this is refused (errc::transport_failure); 0: the store's own cap.
+  std::uint64_t max_bytes = 0;
+  /// A copy from the origin, not from a cache in between (a fanout_store downloads again):
+  /// what a refetch after a failed apply asks for.
+  bool fresh = false;
+};
+
+/// A pull store whose get also takes a get_control.
+template <class S>
+concept controllable_store =
+    payload_store<S> && requires(const S& s, const payload_id& id, std::vector<std::byte>& out,
+                                 const get_control& c) {
+      { s.get(id, out, c) } -> std::same_as<get_status>;
+    };
+
+/// store.get(id, out, control) where the store takes it, else store.get(id, out).
+template <payload_store Store>
+get_status get_with(const Store& store, const payload_id& id, std::vector<std::byte>& out,
+                    const get_control& control) {
+  if constexpr (controllable_store<Store>)
+    return store.get(id, out, control);
+  else
+    return store.get(id, out);
+}
+
 template <class S>
 concept payload_source =
     std::derived_from<typename S::payload_source_concept, payload_source_tag> &&
@@ -80,8 +122,10 @@ concept payload_source =
 template <class S>
 concept closable_source = payload_source<S> && requires(S& s, const attempt_key& key) { s.close(key); };
 
-/// A payload source over any pull store: lists the attempt, gets what is new, and polls
-/// (every `poll_interval`) when nothing is. Not thread-safe (one receiver agent uses it).
+/// A payload source over any pull store: lists the attempt, gets what is new (one get at a
+/// time, on a thread of its own, so that next() keeps its deadline), and polls (every
+/// `poll_interval`) when nothing is. refetch() asks for a fresh copy (get_control::fresh).
+/// Not thread-safe (one receiver agent uses it; refetch may run beside next).
 template <payload_store Store>
 class store_source {
  public:
@@ -90,12 +134,18 @@ class store_source {
   explicit store_source(Store& store,
                         std::chrono::milliseconds poll_interval = std::chrono::milliseconds(2))
       : store_(&store), poll_(poll_interval) {}
+  store_source(const store_source&) = delete;
+  store_source& operator=(const store_source&) = delete;
+  ~store_source() { cancel_in_flight(); }
 
   void open(const attempt_key& key, std::span<const std::uint32_t> owners);
 
   source_status next(delivery& out, protocol_clock::time_point deadline);
 
   bool refetch(const payload_id& id, std::vector<std::byte>& bytes);
+
+  /// The receiver is done with attempt `key`: a get in flight is cancelled and waited for.
+  void close(const attempt_key& key);
 
   /// Listings made and gets issued since construction (both are store operations, never
   /// control-plane operations).
@@ -107,8 +157,14 @@ class store_source {
   // was not absent at its last get (one that was waits for the next poll).
   bool refill();
 
+  void cancel_in_flight();
+
   Store* store_;
   std::chrono::milliseconds poll_;
+  std::atomic<bool> cancel_{false};
+  std::future<get_status> in_flight_;  // the get of in_flight_id_ into in_flight_bytes_
+  payload_id in_flight_id_{};
+  std::vector<std::byte> in_flight_bytes_;
   attempt_key key_{};
   std::vector<std::uint32_t> owners_;
   std::set<payload_id> delivered_;
@@ -136,9 +192,10 @@ struct prefetch_options {
 /// order. A listed payload that is absent (not visible yet in an eventually consistent store,
 /// or not forwarded yet by a fan-out) is asked for again after a poll interval. A get or list
 /// that throws fails the source: next() rethrows that error (until the next open()). open()
-/// abandons the previous attempt: gets still in flight finish, and their results are dropped.
-/// next(), open() and refetch() are for one thread (one receiver agent); the workers are
-/// joined by the destructor.
+/// and close(key) abandon the attempt: gets still in flight are cancelled (a controllable
+/// store's end at once, others finish) and their results dropped. refetch() asks for a fresh
+/// copy (get_control::fresh). next(), open(), close() and refetch() are for one receiver
+/// agent; the workers are joined by the destructor, which cancels their gets first.
 template <payload_store Store>
 class prefetch_source {
  public:
@@ -154,6 +211,10 @@ class prefetch_source {
   source_status next(delivery& out, protocol_clock::time_point deadline);
 
   bool refetch(const payload_id& id, std::vector<std::byte>& bytes);
+
+  /// The receiver is done with attempt `key` (if it is the open one): gets in flight are
+  /// cancelled, nothing more of it is fetched.
+  void close(const attempt_key& key);
 
   /// Listings made and payloads delivered since construction.
   [[nodiscard]] std::uint64_t polls() const;
@@ -172,6 +233,8 @@ class prefetch_source {
   std::condition_variable ready_or_failed_;  // next(): a result came in
   std::vector<std::thread> workers_;
   std::uint64_t epoch_ = 0;
+  // The open attempt's cancellation flag, replaced (the old one set) by open() and close().
+  std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
   attempt_key key_{};
   std::vector<std::uint32_t> owners_;
   std::set<payload_id> scheduled_, delivered_, listed_;

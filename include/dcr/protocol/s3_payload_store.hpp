@@ -38,8 +38,23 @@
 // instead, for https endpoints, where TLS protects the body already. Either way the payload's
 // own checksum, checked by the receiver, stays the end-to-end integrity check.
 //
+// Bounds: every request is cut after request_timeout (120 s by default), after connect_timeout
+// without a connection, and when it moves fewer than min_rate bytes/s (1 KiB/s) for
+// stall_timeout (30 s), so a trickling or frozen server costs a bounded time. A response body
+// larger than max_object_size (8 GiB), or than get_control::max_bytes, is refused at its
+// Content-Length or as soon as it grows past the cap, and never retried. get(id, out, control)
+// ends at once (within about a second) when the control's flag is set or its deadline passes,
+// also while waiting between retries; the payload sources use it to cancel the gets of an
+// attempt the receiver left (a fence, a deadline). The sizes of payloads are not in the
+// manifests, so the cap is a bound, not the exact size; the payload's checksum, checked by the
+// receiver (and by fanout_store before it shares a copy), catches a body cut or altered to the
+// same length.
+//
+// https: the endpoint https://... is verified against the system's CAs, or against
+// s3_options::ca_file (from AWS_CA_BUNDLE in from_environment).
+//
 // Failures: 5xx, 429, 503 SlowDown, 400 RequestTimeout and transport errors (refused, reset,
-// timed out, stalled below 1 byte/s for stall_timeout) are retried max_retries times with
+// timed out, stalled below min_rate for stall_timeout) are retried max_retries times with
 // exponential backoff and jitter; then, and at once for any other 4xx (a wrong secret: 403
 // SignatureDoesNotMatch; a missing bucket: 404 NoSuchBucket), errc::transport_failure names the
 // operation, s3://BUCKET/KEY, the endpoint, the HTTP status and S3's error code and message.
@@ -52,7 +67,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <limits>
@@ -69,6 +86,7 @@
 #include "dcr/detail/s3_client.hpp"
 #include "dcr/detail/s3_xml.hpp"
 #include "dcr/error.hpp"
+#include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
 
 namespace dcr {
@@ -79,21 +97,19 @@ struct s3_credentials {
   std::string secret_access_key;
   std::string session_token;  ///< temporary credentials only; sent as x-amz-security-token
 
-  /// From AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and (optional) AWS_SESSION_TOKEN. Throws
-  /// errc::invalid_argument naming the variable that is unset or empty (never a value).
-  static s3_credentials from_environment() {
-    s3_credentials c;
-    const auto need = [](const char* name) {
-      const char* v = std::getenv(name);
-      DCR_EXPECTS(v != nullptr && *v != '\0', errc::invalid_argument,
-                  std::string("S3 credentials: ") + name + " is not set");
-      return std::string(v);
-    };
-    c.access_key_id = need("AWS_ACCESS_KEY_ID");
-    c.secret_access_key = need("AWS_SECRET_ACCESS_KEY");
-    if (const char* t = std::getenv("AWS_SESSION_TOKEN")) c.session_token = t;
-    return c;
-  }
+  /// The standard sources, in the AWS CLI's order: AWS_ACCESS_KEY_ID and
+  /// AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN if set) when AWS_ACCESS_KEY_ID is set; else
+  /// the profile AWS_PROFILE (default "default") of the shared credentials file
+  /// AWS_SHARED_CREDENTIALS_FILE (default ~/.aws/credentials), read by from_profile. Throws
+  /// errc::invalid_argument naming the variable, file or profile that is missing or incomplete
+  /// (never a value).
+  static s3_credentials from_environment();
+
+  /// Profile `profile` of the INI file `path` (aws_access_key_id, aws_secret_access_key,
+  /// optional aws_session_token; '#' and ';' comments; other keys ignored). Throws
+  /// errc::invalid_argument naming the file and profile when the file cannot be read, the
+  /// profile is absent, or a key is missing.
+  static s3_credentials from_profile(const std::string& path, const std::string& profile);
 };
 
 /// The region from AWS_REGION, else AWS_DEFAULT_REGION, else "us-east-1".
@@ -143,8 +159,14 @@ struct s3_options {
   std::chrono::milliseconds backoff_initial{100};  ///< first wait; doubles per retry
   std::chrono::milliseconds backoff_max{5000};
   std::chrono::milliseconds connect_timeout{5000};
-  std::chrono::milliseconds request_timeout{0};  ///< whole request; 0: none (see stall_timeout)
-  std::chrono::seconds stall_timeout{30};  ///< a transfer below 1 byte/s this long fails
+  /// Whole request (one try), > 0. Raise it for single payloads that take longer to move.
+  std::chrono::milliseconds request_timeout{120000};
+  std::chrono::seconds stall_timeout{30};  ///< a transfer below min_rate this long fails, > 0
+  std::uint64_t min_rate = 1024;           ///< bytes/s, >= 1 (see stall_timeout)
+  /// A response body (a payload, a listing) larger than this is refused, > 0.
+  std::uint64_t max_object_size = std::uint64_t{8} << 30;
+  /// PEM bundle of the CAs an https endpoint is verified against; "": the system's.
+  std::string ca_file;
   std::size_t list_page_size = 1000;  ///< ListObjectsV2 max-keys (S3's own maximum is 1000)
   std::size_t parallel_deletes = 8;   ///< DELETE requests in flight in erase_through
   bool conditional_writes = true;     ///< If-None-Match: * on payload puts (see the file comment)
@@ -152,19 +174,9 @@ struct s3_options {
 
   /// Options for `url` (s3://BUCKET[/PREFIX]) at `endpoint` ("" for AWS), with credentials
   /// and region from the environment (s3_credentials::from_environment,
-  /// s3_region_from_environment). Path-style addressing when an endpoint is given, virtual-host
-  /// style for AWS.
-  static s3_options from_environment(std::string_view url, std::string endpoint = {}) {
-    s3_options o;
-    const auto loc = parse_s3_url(url);
-    o.bucket = loc.bucket;
-    o.prefix = loc.prefix;
-    o.addressing = endpoint.empty() ? s3_addressing::virtual_host : s3_addressing::path;
-    o.endpoint = std::move(endpoint);
-    o.region = s3_region_from_environment();
-    o.credentials = s3_credentials::from_environment();
-    return o;
-  }
+  /// s3_region_from_environment) and ca_file from AWS_CA_BUNDLE. Path-style addressing when an
+  /// endpoint is given, virtual-host style for AWS.
+  static s3_options from_environment(std::string_view url, std::string endpoint = {});
 };
 
 /// What an s3_payload_store did since construction.
@@ -185,7 +197,8 @@ class s3_payload_store {
   /// A store in `options.bucket` under `options.prefix`. Sends nothing yet (check_access()
   /// does). Throws errc::invalid_argument for an endpoint that is not an http(s) URL, holds
   /// credentials or a path, virtual-host addressing of an IP endpoint, a prefix that does not
-  /// end in '/', missing credentials, or a zero part size or page size.
+  /// end in '/', missing credentials, a zero part size or page size, non-positive timeouts,
+  /// min_rate or max_object_size, or a ca_file that cannot be read.
   explicit s3_payload_store(s3_options options) : options_(std::move(options)), client_(config_of(options_)) {}
 
   s3_payload_store(const s3_payload_store&) = delete;
@@ -207,7 +220,13 @@ class s3_payload_store {
 
   std::vector<owner_listing> list(const attempt_key& key) const;
 
-  get_status get(const payload_id& id, std::vector<std::byte>& out) const;
+  get_status get(const payload_id& id, std::vector<std::byte>& out) const {
+    return get(id, out, get_control{});
+  }
+
+  /// get, ended early by `control` (its flag, its deadline) and capped at control.max_bytes
+  /// (when not 0) as the file comment says. control.fresh changes nothing (no cache here).
+  get_status get(const payload_id& id, std::vector<std::byte>& out, const get_control& control) const;
 
   void erase_through(std::uint64_t version);
 
@@ -302,6 +321,7 @@ class s3_payload_store {
 };
 
 static_assert(payload_store<s3_payload_store>);
+static_assert(controllable_store<s3_payload_store>);
 
 }  // namespace dcr
 

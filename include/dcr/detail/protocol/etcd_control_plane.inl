@@ -7,9 +7,15 @@ namespace dcr {
 inline etcd_address etcd_control_plane::parse_address(std::string_view address) {
   const auto bad = [&](const std::string& why) -> etcd_address {
     throw error(errc::invalid_argument, "etcd address '" + std::string(address) + "': " + why +
-                                            " (expected etcd://HOST:PORT[/PREFIX])");
+                                            " (expected etcd://HOST:PORT[/PREFIX][?OPTIONS])");
   };
   std::string_view rest = address;
+  std::string_view query;
+  if (const auto q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+    if (query.empty()) return bad("empty options after '?'");
+  }
   std::string scheme;
   if (rest.starts_with("etcd://")) {
     scheme = "http://";
@@ -52,7 +58,58 @@ inline etcd_address etcd_control_plane::parse_address(std::string_view address) 
     if (path == "/") return bad("empty key prefix");
     prefix = std::string(path);
   }
-  return etcd_address{scheme + std::string(authority), std::move(prefix)};
+  etcd_address out{scheme + std::string(authority), std::move(prefix), {}};
+  std::string password_file;
+  std::vector<std::string> seen;
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+    const auto eq = pair.find('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == pair.size())
+      return bad("option '" + std::string(pair) + "' is not NAME=VALUE");
+    const std::string name(pair.substr(0, eq));
+    const std::string value(pair.substr(eq + 1));
+    if (std::find(seen.begin(), seen.end(), name) != seen.end())
+      return bad("option '" + name + "' given twice");
+    seen.push_back(name);
+    if (name == "ca") {
+      out.options.ca_file = value;
+    } else if (name == "cert") {
+      out.options.cert_file = value;
+    } else if (name == "key") {
+      out.options.key_file = value;
+    } else if (name == "user") {
+      out.options.user = value;
+    } else if (name == "password-file") {
+      password_file = value;
+    } else {
+      return bad("unknown option '" + name + "' (ca, cert, key, user, password-file)");
+    }
+  }
+  const auto& o = out.options;
+  if (scheme == "http://" && (!o.ca_file.empty() || !o.cert_file.empty() || !o.key_file.empty()))
+    return bad("ca, cert and key need etcds:// (https)");
+  if (o.cert_file.empty() != o.key_file.empty()) return bad("cert and key go together");
+  if (!password_file.empty() && o.user.empty()) return bad("password-file needs user");
+  if (!o.user.empty()) {
+    if (!password_file.empty()) {
+      std::FILE* f = std::fopen(password_file.c_str(), "rb");
+      if (f == nullptr) return bad("cannot read the password file '" + password_file + "'");
+      std::string text;
+      char buf[512];
+      while (const auto n = std::fread(buf, 1, sizeof buf, f)) text.append(buf, n);
+      std::fclose(f);
+      text = text.substr(0, text.find('\n'));
+      if (!text.empty() && text.back() == '\r') text.pop_back();
+      out.options.password = std::move(text);
+    } else if (const char* p = std::getenv("DCR_ETCD_PASSWORD"); p != nullptr) {
+      out.options.password = p;
+    }
+    if (out.options.password.empty())
+      return bad("user '" + o.user + "' has no password (password-file=FILE or DCR_ETCD_PASSWORD)");
+  }
+  return out;
 }
 
 inline etcd_control_plane::etcd_control_plane(std::string endpoint, etcd_options options)
@@ -64,6 +121,20 @@ inline etcd_control_plane::etcd_control_plane(std::string endpoint, etcd_options
               "etcd control plane: endpoint '" + shown_ + "' is not an http:// or https:// URL");
   DCR_EXPECTS(options_.request_timeout.count() > 0 && options_.connect_timeout.count() > 0,
               errc::invalid_argument, "etcd control plane '" + shown_ + "': timeouts must be > 0");
+  const std::string where = "etcd control plane '" + shown_ + "': ";
+  DCR_EXPECTS(options_.cert_file.empty() == options_.key_file.empty(), errc::invalid_argument,
+              where + "a client certificate needs its key (cert_file and key_file together)");
+  DCR_EXPECTS(endpoint_.starts_with("https://") ||
+                  (options_.ca_file.empty() && options_.cert_file.empty()),
+              errc::invalid_argument, where + "ca_file, cert_file and key_file need an https:// endpoint");
+  DCR_EXPECTS(options_.password.empty() || !options_.user.empty(), errc::invalid_argument,
+              where + "a password without a user");
+  for (const auto* file : {&options_.ca_file, &options_.cert_file, &options_.key_file}) {
+    if (file->empty()) continue;
+    std::FILE* f = std::fopen(file->c_str(), "rb");
+    DCR_EXPECTS(f != nullptr, errc::invalid_argument, where + "cannot read '" + *file + "'");
+    std::fclose(f);
+  }
   global_init();
   handle_ = new_handle();
   watch_handle_ = new_handle();
@@ -72,6 +143,15 @@ inline etcd_control_plane::etcd_control_plane(std::string endpoint, etcd_options
 inline etcd_control_plane etcd_control_plane::open(std::string_view address, etcd_options options) {
   auto a = parse_address(address);
   options.key_prefix = std::move(a.key_prefix);
+  if (!a.options.ca_file.empty()) options.ca_file = std::move(a.options.ca_file);
+  if (!a.options.cert_file.empty()) {
+    options.cert_file = std::move(a.options.cert_file);
+    options.key_file = std::move(a.options.key_file);
+  }
+  if (!a.options.user.empty()) {
+    options.user = std::move(a.options.user);
+    options.password = std::move(a.options.password);
+  }
   return etcd_control_plane(std::move(a.endpoint), std::move(options));
 }
 
@@ -150,13 +230,25 @@ inline std::int64_t etcd_control_plane::wait_for_change(const std::string& prefi
     h = spare.get();
   }
   watch_state st;
-  st.after = after;
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - protocol_clock::now());
-  const long left_ms = std::max<long>(1, static_cast<long>(left.count()));
-  const long http =
-      perform(h, "/v3/watch", body, &watch_state::on_data, &st, left_ms,
-              std::min<long>(left_ms, static_cast<long>(options_.connect_timeout.count())));
+  long http = 0;
+  for (int renewed = 0;; ++renewed) {
+    st = watch_state{};
+    st.after = after;
+    const std::string auth = token();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - protocol_clock::now());
+    const long left_ms = std::max<long>(1, static_cast<long>(left.count()));
+    http = perform(h, "/v3/watch", body, &watch_state::on_data, &st, left_ms,
+                   std::min<long>(left_ms, static_cast<long>(options_.connect_timeout.count())),
+                   auth);
+    // An expired token cancels the watch ("rpc error: code = Unauthenticated ..."): renew once.
+    if (renewed == 0 && !auth.empty() && st.failure && token_refused(*st.failure) &&
+        protocol_clock::now() < deadline) {
+      drop_token(auth);
+      continue;
+    }
+    break;
+  }
   if (st.failure) {  // an etcd error, or a stream we could not read
     if (st.failure->grpc_code >= 0) fail_grpc("wait_for_change", k, *st.failure);
     unavailable("wait_for_change", k, st.failure->message);
@@ -353,17 +445,64 @@ inline std::string etcd_control_plane::printable(const std::string& key) {
   return out;
 }
 
+inline std::string etcd_control_plane::token() {
+  if (options_.user.empty()) return {};
+  std::lock_guard lock(auth_mutex_);
+  if (!token_.empty()) return token_;
+  const std::string text =
+      nlohmann::json{{"name", options_.user}, {"password", options_.password}}.dump();
+  std::optional<etcd_failure> refused;
+  const std::string what = "user " + options_.user;
+  const auto reply = call_once("authenticate", what, "/v3/auth/authenticate", text, {}, refused);
+  if (refused) fail_grpc("authenticate", what, *refused);  // a wrong password: invalid_argument
+  token_ = decode("authenticate", what, [&] {
+    const auto t = reply.at("token").get<std::string>();
+    if (t.empty()) throw std::invalid_argument("an empty token");
+    return t;
+  });
+  ++authentications_;
+  return token_;
+}
+
+inline void etcd_control_plane::drop_token(const std::string& used) {
+  std::lock_guard lock(auth_mutex_);
+  if (token_ == used) token_.clear();
+}
+
+inline bool etcd_control_plane::token_refused(const etcd_failure& f) {
+  return f.grpc_code == 16 || f.message.find("invalid auth token") != std::string::npos ||
+         f.message.find("code = Unauthenticated") != std::string::npos;
+}
+
 inline nlohmann::json etcd_control_plane::call(std::string_view op, const std::string& key,
                                                const char* path, const nlohmann::json& body,
                                                bool not_found_ok) {
   const std::string text = body.dump();
+  for (int renewed = 0;; ++renewed) {
+    const std::string auth = token();
+    std::optional<etcd_failure> failure;
+    auto reply = call_once(op, key, path, text, auth, failure);
+    if (!failure) return reply;
+    if (renewed == 0 && !auth.empty() && token_refused(*failure)) {
+      drop_token(auth);  // expired (or revoked by a leader change): renew once
+      continue;
+    }
+    if (not_found_ok && failure->grpc_code == 5) return nlohmann::json::object();
+    fail_grpc(op, key, *failure);
+  }
+}
+
+inline nlohmann::json etcd_control_plane::call_once(std::string_view op, const std::string& key,
+                                                    const char* path, const std::string& text,
+                                                    const std::string& auth_token,
+                                                    std::optional<etcd_failure>& refused) {
   unary_state st;
   long status = 0;
   {
     std::lock_guard lock(mutex_);
     status = perform(handle_.get(), path, text, &unary_state::on_data, &st,
                      static_cast<long>(options_.request_timeout.count()),
-                     static_cast<long>(options_.connect_timeout.count()));
+                     static_cast<long>(options_.connect_timeout.count()), auth_token);
   }
   if (st.curl_code != CURLE_OK) unavailable(op, key, st.curl_message);
   nlohmann::json reply;
@@ -383,8 +522,8 @@ inline nlohmann::json etcd_control_plane::call(std::string_view op, const std::s
         op, key,
         "HTTP " + std::to_string(status) + (failure ? ": " + failure->message : std::string()));
   if (failure) {
-    if (not_found_ok && failure->grpc_code == 5) return nlohmann::json::object();
-    fail_grpc(op, key, *failure);
+    refused = failure;
+    return {};
   }
   if (!parse_error.empty() || !reply.is_object() || status != 200)
     unavailable(op, key,

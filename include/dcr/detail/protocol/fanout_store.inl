@@ -11,6 +11,8 @@ fanout_store<Remote, Local>::fanout_store(Remote& remote, Local& local, director
   DCR_EXPECTS(options_.nodes >= 1 && options_.node < options_.nodes, errc::invalid_argument,
               "fanout_store: node " + std::to_string(options_.node) + " is not one of " +
                   std::to_string(options_.nodes) + " nodes");
+  DCR_EXPECTS(options_.check_retries >= 0, errc::invalid_argument,
+              "fanout_store: check_retries must be >= 0");
 }
 
 template <payload_store Remote, payload_store Local>
@@ -20,8 +22,12 @@ void fanout_store<Remote, Local>::put_manifest(const attempt_key& key, std::uint
 }
 
 template <payload_store Remote, payload_store Local>
-get_status fanout_store<Remote, Local>::get(const payload_id& id,
-                                            std::vector<std::byte>& out) const {
+get_status fanout_store<Remote, Local>::get(const payload_id& id, std::vector<std::byte>& out,
+                                            const get_control& control) const {
+  if (control.fresh) {  // a refetch: the copy the receiver had failed; never the local one
+    ++fresh_gets_;
+    return download(id, out, control);
+  }
   if (local_->get(id, out) == get_status::found) {
     ++local_hits_;
     forget(id);
@@ -37,13 +43,34 @@ get_status fanout_store<Remote, Local>::get(const payload_id& id,
     forget(id);
     return get_status::found;
   }
-  if (remote_->get(id, out) == get_status::absent) return get_status::absent;
-  local_->put(id, out);
+  if (download(id, out, control) == get_status::absent) return get_status::absent;
+  local_->put(id, out);  // checked: what the whole node reads
   ++remote_gets_;
   remote_bytes_ += out.size();
   if (!mine) ++takeovers_;
   forget(id);
   return get_status::found;
+}
+
+template <payload_store Remote, payload_store Local>
+get_status fanout_store<Remote, Local>::download(const payload_id& id, std::vector<std::byte>& out,
+                                                 const get_control& control) const {
+  for (int attempt = 0;; ++attempt) {
+    if (get_with(*remote_, id, out, control) == get_status::absent) return get_status::absent;
+    if (options_.check == fanout_check::none) return get_status::found;
+    try {
+      check_payload(id, out);
+      return get_status::found;
+    } catch (const error& e) {
+      ++rejected_;
+      if (attempt >= options_.check_retries) {
+        out.clear();
+        throw error(errc::corrupt_payload,
+                    "fanout_store: payload " + to_string(id) + " failed its check in " +
+                        std::to_string(attempt + 1) + " download(s), not shared: " + e.what());
+      }
+    }
+  }
 }
 
 template <payload_store Remote, payload_store Local>
@@ -58,7 +85,8 @@ void fanout_store<Remote, Local>::erase_through(std::uint64_t version) {
 
 template <payload_store Remote, payload_store Local>
 fanout_stats fanout_store<Remote, Local>::stats() const {
-  return {local_hits_.load(), remote_gets_.load(), remote_bytes_.load(), takeovers_.load()};
+  return {local_hits_.load(), remote_gets_.load(), remote_bytes_.load(), takeovers_.load(),
+          rejected_.load(), fresh_gets_.load()};
 }
 
 template <payload_store Remote, payload_store Local>
@@ -79,6 +107,13 @@ void fanout_store<Remote, Local>::forget(const payload_id& id) const {
 }  // namespace dcr
 
 namespace dcr {
+
+inline void check_payload(const payload_id& id, std::span<const std::byte> bytes) {
+  std::vector<item_entry> entries;
+  const payload_header h = payload_decoder::read_table(bytes, entries);
+  DCR_EXPECTS(h.id == id, errc::stale_payload,
+              "payload check: the bytes of " + to_string(id) + " are payload " + to_string(h.id));
+}
 
 inline directory_claims::directory_claims(std::filesystem::path dir) : dir_(std::move(dir)) {
   std::error_code ec;

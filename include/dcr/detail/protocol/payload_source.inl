@@ -6,6 +6,7 @@ namespace dcr {
 
 template <payload_store Store>
 void store_source<Store>::open(const attempt_key& key, std::span<const std::uint32_t> owners) {
+  cancel_in_flight();
   key_ = key;
   owners_.assign(owners.begin(), owners.end());
   std::sort(owners_.begin(), owners_.end());
@@ -16,16 +17,29 @@ void store_source<Store>::open(const attempt_key& key, std::span<const std::uint
 template <payload_store Store>
 source_status store_source<Store>::next(delivery& out, protocol_clock::time_point deadline) {
   for (;;) {
-    while (!pending_.empty()) {
-      const payload_id id = pending_.front();
+    if (!in_flight_.valid() && !pending_.empty()) {
+      in_flight_id_ = pending_.front();
       pending_.pop_front();
-      if (store_->get(id, out.bytes) == get_status::found) {
-        out.id = id;
-        delivered_.insert(id);
+      in_flight_ = std::async(std::launch::async, [this] {
+        get_control c;
+        c.cancel = &cancel_;
+        return get_with(*store_, in_flight_id_, in_flight_bytes_, c);
+      });
+    }
+    if (in_flight_.valid()) {
+      if (in_flight_.wait_until(deadline) == std::future_status::timeout)
+        return source_status::timed_out;  // still fetching: the caller decides whether to wait
+      const get_status status = in_flight_.get();  // rethrows what the get threw
+      if (status == get_status::found) {
+        out.id = in_flight_id_;
+        out.bytes = std::move(in_flight_bytes_);
+        in_flight_bytes_ = {};
+        delivered_.insert(out.id);
         ++gets_;
         return source_status::delivered;
       }
-      missing_.push_back(id);  // listed but not gettable yet (an eventually consistent store)
+      missing_.push_back(in_flight_id_);  // listed but not gettable yet (eventual consistency)
+      continue;
     }
     if (refill()) continue;
     // Nothing new listed; listed payloads that were absent are asked for again after the
@@ -39,7 +53,25 @@ source_status store_source<Store>::next(delivery& out, protocol_clock::time_poin
 
 template <payload_store Store>
 bool store_source<Store>::refetch(const payload_id& id, std::vector<std::byte>& bytes) {
-  return store_->get(id, bytes) == get_status::found;
+  get_control c;
+  c.cancel = &cancel_;
+  c.fresh = true;
+  return get_with(*store_, id, bytes, c) == get_status::found;
+}
+
+template <payload_store Store>
+void store_source<Store>::close(const attempt_key& key) {
+  if (key == key_) cancel_in_flight();
+}
+
+template <payload_store Store>
+void store_source<Store>::cancel_in_flight() {
+  if (!in_flight_.valid()) return;
+  cancel_ = true;
+  in_flight_.wait();
+  in_flight_ = {};  // its outcome (an error, most likely "cancelled") is dropped
+  in_flight_bytes_.clear();
+  cancel_ = false;
 }
 
 template <payload_store Store>
@@ -71,6 +103,7 @@ prefetch_source<Store>::~prefetch_source() {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
+    cancel_->store(true);
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
@@ -80,6 +113,8 @@ template <payload_store Store>
 void prefetch_source<Store>::open(const attempt_key& key, std::span<const std::uint32_t> owners) {
   std::lock_guard lock(mutex_);
   ++epoch_;
+  cancel_->store(true);  // the previous attempt's gets still in flight
+  cancel_ = std::make_shared<std::atomic<bool>>(false);
   key_ = key;
   owners_.assign(owners.begin(), owners.end());
   std::sort(owners_.begin(), owners_.end());
@@ -146,7 +181,27 @@ source_status prefetch_source<Store>::next(delivery& out, protocol_clock::time_p
 
 template <payload_store Store>
 bool prefetch_source<Store>::refetch(const payload_id& id, std::vector<std::byte>& bytes) {
-  return store_->get(id, bytes) == get_status::found;
+  std::shared_ptr<std::atomic<bool>> cancel;
+  {
+    std::lock_guard lock(mutex_);
+    cancel = cancel_;
+  }
+  get_control c;
+  c.cancel = cancel.get();
+  c.fresh = true;
+  return get_with(*store_, id, bytes, c) == get_status::found;
+}
+
+template <payload_store Store>
+void prefetch_source<Store>::close(const attempt_key& key) {
+  std::lock_guard lock(mutex_);
+  if (key != key_) return;
+  ++epoch_;  // results still coming in are dropped
+  cancel_->store(true);
+  cancel_ = std::make_shared<std::atomic<bool>>(false);
+  queue_.clear();
+  ready_.clear();
+  missing_.clear();
 }
 
 template <payload_store Store>
@@ -184,6 +239,7 @@ void prefetch_source<Store>::work() {
     const payload_id id = queue_.front();
     queue_.pop_front();
     const auto epoch = epoch_;
+    const auto cancel = cancel_;
     ++in_flight_;
     lock.unlock();
     delivery d;
@@ -191,7 +247,9 @@ void prefetch_source<Store>::work() {
     get_status status = get_status::absent;
     std::exception_ptr failed;
     try {
-      status = store_->get(id, d.bytes);
+      get_control c;
+      c.cancel = cancel.get();
+      status = get_with(*store_, id, d.bytes, c);
     } catch (...) {
       failed = std::current_exception();
     }

@@ -65,11 +65,15 @@ inline std::vector<owner_listing> s3_payload_store::list(const attempt_key& key)
   return out;
 }
 
-inline get_status s3_payload_store::get(const payload_id& id, std::vector<std::byte>& out) const {
+inline get_status s3_payload_store::get(const payload_id& id, std::vector<std::byte>& out,
+                                        const get_control& control) const {
   detail::s3::request r;
   r.method = "GET";
   r.key = payload_key(id);
   r.into = &out;
+  r.max_bytes = control.max_bytes;
+  r.cancel = control.cancel;
+  r.deadline = control.deadline;
   const auto resp = client_.call(r, {404});
   if (missing(resp, r)) {
     out.clear();
@@ -155,6 +159,17 @@ inline detail::s3::client_config s3_payload_store::config_of(const s3_options& o
     return bad("part_size, list_page_size and parallel_deletes must be > 0, max_retries >= 0");
   if (o.credentials.access_key_id.empty() || o.credentials.secret_access_key.empty())
     return bad("no credentials (an access key id and a secret access key)");
+  if (o.connect_timeout.count() <= 0 || o.request_timeout.count() <= 0 ||
+      o.stall_timeout.count() <= 0 || o.min_rate == 0 || o.max_object_size == 0)
+    return bad("connect_timeout, request_timeout, stall_timeout, min_rate and max_object_size must be > 0");
+  if (!o.ca_file.empty()) {
+    std::FILE* f = std::fopen(o.ca_file.c_str(), "rb");
+    if (f == nullptr) return bad("cannot read the CA bundle '" + o.ca_file + "'");
+    std::fclose(f);
+  }
+  c.ca_file = o.ca_file;
+  c.min_rate = static_cast<long>(std::min<std::uint64_t>(o.min_rate, LONG_MAX));
+  c.max_body_bytes = o.max_object_size;
   c.bucket = o.bucket;
   c.virtual_host = o.addressing == s3_addressing::virtual_host;
   if (c.virtual_host) {
@@ -475,6 +490,100 @@ inline void s3_payload_store::delete_all(const std::vector<std::string>& keys) {
   work();
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
+}
+
+inline s3_credentials s3_credentials::from_environment() {
+  const auto var = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v == nullptr ? std::string() : std::string(v);
+  };
+  if (!var("AWS_ACCESS_KEY_ID").empty() || !var("AWS_SECRET_ACCESS_KEY").empty()) {
+    s3_credentials c;
+    c.access_key_id = var("AWS_ACCESS_KEY_ID");
+    c.secret_access_key = var("AWS_SECRET_ACCESS_KEY");
+    DCR_EXPECTS(!c.access_key_id.empty(), errc::invalid_argument,
+                "S3 credentials: AWS_ACCESS_KEY_ID is not set (AWS_SECRET_ACCESS_KEY is)");
+    DCR_EXPECTS(!c.secret_access_key.empty(), errc::invalid_argument,
+                "S3 credentials: AWS_SECRET_ACCESS_KEY is not set (AWS_ACCESS_KEY_ID is)");
+    c.session_token = var("AWS_SESSION_TOKEN");
+    return c;
+  }
+  std::string path = var("AWS_SHARED_CREDENTIALS_FILE");
+  if (path.empty()) {
+    const std::string home = var("HOME");
+    DCR_EXPECTS(!home.empty(), errc::invalid_argument,
+                "S3 credentials: AWS_ACCESS_KEY_ID is not set, and neither "
+                "AWS_SHARED_CREDENTIALS_FILE nor HOME names a credentials file");
+    path = home + "/.aws/credentials";
+  }
+  std::string profile = var("AWS_PROFILE");
+  if (profile.empty()) profile = "default";
+  std::FILE* probe = std::fopen(path.c_str(), "rb");
+  DCR_EXPECTS(probe != nullptr, errc::invalid_argument,
+              "S3 credentials: AWS_ACCESS_KEY_ID is not set and there is no credentials file '" +
+                  path + "' (AWS_SHARED_CREDENTIALS_FILE)");
+  std::fclose(probe);
+  return from_profile(path, profile);
+}
+
+inline s3_credentials s3_credentials::from_profile(const std::string& path,
+                                                   const std::string& profile) {
+  const std::string where = "S3 credentials: profile '" + profile + "' of '" + path + "'";
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  DCR_EXPECTS(f != nullptr, errc::invalid_argument, where + ": the file cannot be read");
+  std::string text;
+  char buf[4096];
+  while (const auto n = std::fread(buf, 1, sizeof buf, f)) text.append(buf, n);
+  std::fclose(f);
+  const auto trim = [](std::string_view v) {
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t' || v.back() == '\r')) v.remove_suffix(1);
+    return v;
+  };
+  s3_credentials c;
+  bool in_profile = false, found = false;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const auto eol = rest.find('\n');
+    const std::string_view line = trim(rest.substr(0, eol));
+    rest = eol == std::string_view::npos ? std::string_view{} : rest.substr(eol + 1);
+    if (line.empty() || line.front() == '#' || line.front() == ';') continue;
+    if (line.front() == '[') {
+      const auto close = line.find(']');
+      DCR_EXPECTS(close != std::string_view::npos, errc::invalid_argument,
+                  where + ": a section header without ']'");
+      in_profile = trim(line.substr(1, close - 1)) == profile;
+      found = found || in_profile;
+      continue;
+    }
+    if (!in_profile) continue;
+    const auto eq = line.find('=');
+    if (eq == std::string_view::npos) continue;
+    const auto name = trim(line.substr(0, eq));
+    const std::string value(trim(line.substr(eq + 1)));
+    if (name == "aws_access_key_id") c.access_key_id = value;
+    if (name == "aws_secret_access_key") c.secret_access_key = value;
+    if (name == "aws_session_token") c.session_token = value;
+  }
+  DCR_EXPECTS(found, errc::invalid_argument, where + ": no such profile (AWS_PROFILE)");
+  DCR_EXPECTS(!c.access_key_id.empty(), errc::invalid_argument,
+              where + ": no aws_access_key_id");
+  DCR_EXPECTS(!c.secret_access_key.empty(), errc::invalid_argument,
+              where + ": no aws_secret_access_key");
+  return c;
+}
+
+inline s3_options s3_options::from_environment(std::string_view url, std::string endpoint) {
+  s3_options o;
+  const auto loc = parse_s3_url(url);
+  o.bucket = loc.bucket;
+  o.prefix = loc.prefix;
+  o.addressing = endpoint.empty() ? s3_addressing::virtual_host : s3_addressing::path;
+  o.endpoint = std::move(endpoint);
+  o.region = s3_region_from_environment();
+  o.credentials = s3_credentials::from_environment();
+  if (const char* ca = std::getenv("AWS_CA_BUNDLE"); ca != nullptr) o.ca_file = ca;
+  return o;
 }
 
 inline std::string s3_region_from_environment() {
