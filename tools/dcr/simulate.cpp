@@ -93,7 +93,15 @@ processes:
                         middle of step STEP (a receiver during apply, an owner while putting
                         payloads, the coordinator with every acknowledgement in and before the
                         commit, a relay root once it forwarded a first chunk); it is started
-                        again and recovers; repeatable
+                        again and recovers; repeatable (a restarted process can be killed
+                        again at a later step)
+  --chaos SEED          a chaos run: draw from SEED kills of every role (receiver, owner,
+                        coordinator, relay-root with --transport relay) at random steps, one
+                        commit outage and one corrupted payload, one event per step from step
+                        2 on; prints the schedule and reports kills fired and survived, the
+                        attempts per step and the seconds each disruption cost (not with
+                        --kill, --commit-outage or --fault)
+  --chaos-kills N       kills per role in a chaos run (default steps / 8, at least 1)
   --commit-outage STEP  the control plane is unreachable for 3 s during step STEP (the file
                         store's directory moved aside; an etcd server whose pid is in
                         DCR_ETCD_PID frozen with SIGSTOP)
@@ -274,6 +282,18 @@ int simulate_main(const std::vector<std::string>& argv) {
     kr.step = std::stoll(k.substr(colon + 1));
     ps.kills.push_back(kr);
   }
+  if (const auto chaos = args.value("--chaos", ""); !chaos.empty()) {
+    std::size_t end = 0;
+    try {
+      if (chaos[0] != '-') ps.chaos_seed = std::stoull(chaos, &end);
+    } catch (const std::exception&) {
+    }
+    if (!ps.chaos_seed || end != chaos.size())
+      throw usage_error("--chaos needs a seed (an integer >= 0), got '" + chaos + "'");
+  }
+  ps.chaos_kills = static_cast<int>(args.integer("--chaos-kills", -1));
+  if (ps.chaos_kills != -1 && !ps.chaos_seed) throw usage_error("--chaos-kills needs --chaos SEED");
+  if (ps.chaos_seed && ps.chaos_kills < -1) throw usage_error("--chaos-kills must be >= 0");
   ps.role = args.value("--role", "");
   ps.id = static_cast<int>(args.integer("--id", 0));
   ps.workdir = args.value("--workdir", "");
@@ -288,6 +308,11 @@ int simulate_main(const std::vector<std::string>& argv) {
     throw usage_error("--transport, --link-rate, --reference and the node options need separate processes (not --in-process)");
   if (in_process && (!ps.kills.empty() || ps.commit_outage >= 0 || ps.asynchronous))
     throw usage_error("--kill, --commit-outage and --async need separate processes (not --in-process)");
+  if (in_process && ps.chaos_seed)
+    throw usage_error("--chaos needs separate processes (not --in-process)");
+  if (ps.chaos_seed && (!ps.kills.empty() || ps.commit_outage >= 0 || fault_text != "none"))
+    throw usage_error("--chaos draws its own kills, outage and corrupted payload (not with --kill, "
+                      "--commit-outage or --fault)");
   if (in_process && (fault_text == "reorder" || fault_text == "delay" || fault_text == "stale"))
     throw usage_error("--fault " + fault_text + " needs separate processes (not --in-process)");
 

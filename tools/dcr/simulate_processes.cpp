@@ -12,6 +12,7 @@
 #include "simulate_processes.hpp"
 
 #include <fmt/core.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
@@ -90,10 +91,23 @@ int with_plane(const simulate_settings& s, F&& f) {
   return f(plane, dcr::protocol_keys{});
 }
 
+/// Where an agent marks a kill of it as fired: WORKDIR/results/kills/<role>-<id>-<step>.
+fs::path kill_marker(const simulate_settings& s, const std::string& role, std::uint64_t step) {
+  return fs::path(s.workdir) / "results" / "kills" / fmt::format("{}-{}-{}", role, s.id, step);
+}
+
+/// Whether to SIGKILL this process now: a --kill names its role, id and the step `target`, and
+/// has not fired yet. The first caller creates the kill's marker (O_EXCL), so the process
+/// started again after it (or another thread) never fires the same kill twice, while a later
+/// kill of the same process still fires; the parent reads the markers to count the kills.
 bool kill_here(const simulate_settings& s, const char* role, std::uint64_t target) {
-  if (s.restarted) return false;
   for (const auto& k : s.kills)
-    if (k.role == role && k.id == s.id && static_cast<std::uint64_t>(k.step) == target) return true;
+    if (k.role == role && k.id == s.id && static_cast<std::uint64_t>(k.step) == target) {
+      const int fd = ::open(kill_marker(s, role, target).c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+      if (fd < 0) return false;  // fired before (or unmarkable: then it never fires, so never twice)
+      ::close(fd);
+      return true;
+    }
   return false;
 }
 
@@ -365,6 +379,7 @@ struct child {
   bool service = false;  // a relay root: serves until the agents are done, then SIGTERM
   pid_t pid = -1;
   bool restarted = false;
+  int restarts = 0;  // how many times it was started again after a planned kill
   bool running = false;
   int status = 0;
   std::uint64_t peak_rss_bytes = 0;
@@ -381,7 +396,18 @@ std::vector<std::string> child_args(const simulate_settings& s, const std::strin
       continue;
     }
     if (uses_relay(s) && (arg.rfind("--relay-port-base=", 0) == 0 || arg.rfind("--relay-certs=", 0) == 0)) continue;
+    // A chaos run's agents get the drawn schedule as plain flags (below) instead of the seed.
+    if (arg == "--chaos" || arg == "--chaos-kills") {
+      ++i;
+      continue;
+    }
+    if (arg.rfind("--chaos=", 0) == 0 || arg.rfind("--chaos-kills=", 0) == 0) continue;
     a.push_back(arg);
+  }
+  if (s.chaos_seed) {
+    for (const auto& k : s.kills) a.insert(a.end(), {"--kill", fmt::format("{}/{}:{}", k.role, k.id, k.step)});
+    if (s.commit_outage >= 1) a.insert(a.end(), {"--commit-outage", std::to_string(s.commit_outage)});
+    if (s.fault != "none") a.insert(a.end(), {"--fault", s.fault, "--fault-step", std::to_string(s.fault_step)});
   }
   if (uses_relay(s))
     a.insert(a.end(), {"--relay-port-base", std::to_string(s.relay_port_base), "--relay-certs", s.relay_certs});
@@ -500,6 +526,49 @@ void outage_thread(const simulate_settings& s, std::atomic<bool>& stop, std::ato
   }
 }
 
+/// The control plane's history after the run: PREFIX/history/<v> as the commit transactions
+/// wrote them (each only if absent, so a version can be there once at most), by version, with
+/// each record's store revision; and the commit record's version.
+struct plane_history {
+  std::map<std::uint64_t, std::pair<dcr::commit_record, std::int64_t>> versions;
+  std::uint64_t committed = 0;
+  std::vector<std::string> problems;  // a record under another version's key, or unreadable
+};
+
+plane_history read_history(const simulate_settings& s) {
+  plane_history h;
+  try {
+    with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
+      for (const auto& r : plane.list(keys.history_prefix())) {
+        const auto c = dcr::decode_record<dcr::commit_record>(r.key, r.value);
+        if (r.key != keys.history(c.version))
+          h.problems.push_back(r.key + " holds version " + std::to_string(c.version));
+        else
+          h.versions[c.version] = {c, r.revision};
+      }
+      if (const auto c = dcr::read_record<dcr::commit_record>(plane, keys.commit())) h.committed = c->value.version;
+      return 0;
+    });
+  } catch (const std::exception& e) {
+    h.problems.push_back(std::string("cannot read the control plane's history: ") + e.what());
+  }
+  return h;
+}
+
+/// The kills that fired, from their markers (kill_marker: "<role>-<id>-<step>").
+std::set<fired_kill> fired_kills(const fs::path& results) {
+  std::set<fired_kill> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(results / "kills", ec)) {
+    const std::string name = e.path().filename().string();
+    const auto b = name.rfind('-');
+    const auto a = b == std::string::npos || b == 0 ? std::string::npos : name.rfind('-', b - 1);
+    if (a == std::string::npos) continue;
+    out.insert({name.substr(0, a), std::stoi(name.substr(a + 1, b - a - 1)), std::stoll(name.substr(b + 1))});
+  }
+  return out;
+}
+
 }  // namespace
 
 int run_simulate_agent(const simulate_settings& s) {
@@ -525,15 +594,28 @@ int run_simulate_processes(const simulate_settings& settings) {
   // A transport that refuses this run (S3: wrong credentials, no such bucket) stops it here,
   // before any process starts: nothing is written, nothing commits.
   check_transport(s);
-  char tmpl[] = "/tmp/dcr-simulate-XXXXXX";
-  DCR_EXPECTS(::mkdtemp(tmpl) != nullptr, dcr::errc::io_error, "dcr simulate: cannot make a work directory");
-  s.workdir = tmpl;
-  fs::create_directories(fs::path(s.workdir) / "results");
-  if (!uses_etcd(s)) dcr::file_control_plane::create(plane_dir(s));
   const dcr::tensor_registry registry(s.model.canonical_tensors());
   const dcr::sim::synthetic_trainer layout(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
                                            s.trainer_layout, dcr::sim::trainer_selection::none());
   const auto owners = owner_ids(layout);
+  // --chaos: the schedule, drawn once who can be killed is known; the agents get it as flags.
+  std::optional<chaos_plan> chaos;
+  if (s.chaos_seed) {
+    chaos = draw_chaos(*s.chaos_seed, s.steps,
+                       s.chaos_kills >= 0 ? s.chaos_kills : default_chaos_kills(s.steps),
+                       chaos_cast{s.receiver_tp, owners, uses_relay(s) ? s.relay_roots : 0});
+    s.kills = chaos->kills();
+    s.commit_outage = chaos->step_of("commit-outage");
+    s.fault = "corrupt";
+    s.fault_step = chaos->step_of("corrupt");
+    fmt::print(s.json ? stderr : stdout, "{}", describe(*chaos));
+    std::fflush(s.json ? stderr : stdout);
+  }
+  char tmpl[] = "/tmp/dcr-simulate-XXXXXX";
+  DCR_EXPECTS(::mkdtemp(tmpl) != nullptr, dcr::errc::io_error, "dcr simulate: cannot make a work directory");
+  s.workdir = tmpl;
+  fs::create_directories(fs::path(s.workdir) / "results" / "kills");
+  if (!uses_etcd(s)) dcr::file_control_plane::create(plane_dir(s));
   if (uses_relay(s)) {
     try {
       prepare_relay(s);
@@ -590,13 +672,15 @@ int run_simulate_processes(const simulate_settings& settings) {
       c.peak_rss_bytes = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
       finished.push_back(c);
       const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-      const bool planned = std::any_of(s.kills.begin(), s.kills.end(), [&](const kill_request& k) {
+      // Started again once per kill planned for it (each kill fires at most once).
+      const auto planned = std::count_if(s.kills.begin(), s.kills.end(), [&](const kill_request& k) {
         return k.role == c.role && k.id == c.id;
       });
-      if (killed && planned && !c.restarted && !services_stopped) {
+      if (killed && c.restarts < planned && !services_stopped) {
         c.pid = spawn(child_args(s, c.role, c.id, true), c.service);
         c.running = true;
         c.restarted = true;
+        ++c.restarts;
       } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) &&
                  !(c.service && services_stopped && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)) {
         ++failures;
@@ -635,6 +719,11 @@ int run_simulate_processes(const simulate_settings& settings) {
                            {"encode", "cpu"},       {"compress", "cpu"},
                            {"decode", "cpu"},       {"apply", apply_on},
                            {"verify", "cpu"}};
+  // Committed exactly once: the coordinator reported the step once, and the control plane's
+  // history holds each version 1..steps once, for its own candidate, in commit order.
+  const plane_history history = read_history(s);
+  for (const auto& p : history.problems) fmt::print(stderr, "dcr simulate: history: {}\n", p);
+  std::int64_t previous_revision = 0;
   std::set<std::uint64_t> committed_versions;
   bool all_ok = failures == 0 && static_cast<std::int64_t>(steps.size()) == s.steps;
   json report_steps = json::array();
@@ -642,7 +731,12 @@ int run_simulate_processes(const simulate_settings& settings) {
   for (const auto& st : steps) {
     const auto step = st["step"].get<std::uint64_t>();
     const bool committed = st["committed"].get<bool>();
-    const bool once = committed_versions.insert(step).second;
+    const auto h = history.versions.find(step);
+    const bool in_history = h != history.versions.end() &&
+                            h->second.first.candidate == "step " + std::to_string(step) &&
+                            h->second.second > previous_revision;
+    if (in_history) previous_revision = h->second.second;
+    const bool once = committed_versions.insert(step).second && in_history;
     // Every receiver reports the steps it held; all of them must be bit-exact, and every
     // receiver rank must have verified this step (a restarted one verifies after its restore).
     bool exact = committed && once;
@@ -659,7 +753,7 @@ int run_simulate_processes(const simulate_settings& settings) {
     for (int r = 0; r < s.receiver_tp; ++r) expected_ranks.insert("r" + std::to_string(r));
     exact = exact && ranks == expected_ranks;
     all_ok = all_ok && exact;
-    std::uint64_t bytes = 0, payloads = 0, changed = 0;
+    std::uint64_t bytes = 0, payloads = 0, changed = 0, refetched = 0;
     double build = 0, compress = 0, apply = 0, fetch = 0;
     json failures_list = json::array();
     for (const auto& a : st["attempts"]) {
@@ -673,6 +767,7 @@ int run_simulate_processes(const simulate_settings& settings) {
           compress = std::max(compress, r["compress_seconds"].get<double>() + r["put_seconds"].get<double>());
         }
       }
+      for (const auto& k : a["acks"]) refetched += k.value("refetched", std::uint64_t{0});
       if (a["committed"].get<bool>())
         for (const auto& k : a["acks"]) {
           apply = std::max(apply, k["apply_seconds"].get<double>());
@@ -696,6 +791,7 @@ int run_simulate_processes(const simulate_settings& settings) {
     json one{{"step", step}, {"committed", committed}, {"committed_once", once},
              {"bit_exact", exact}, {"attempts", st["attempts"].size()},
              {"payloads", payloads}, {"payload_bytes", bytes}, {"changed_elements", changed},
+             {"refetched", refetched},
              {"restores", st["restores"]}, {"committed_by_other", st["committed_by_other"]},
              {"seconds", {{"total", st["seconds"]}, {"commit", st["commit_seconds"]},
                           {"build", build}, {"compress_put", compress}, {"fetch", fetch},
@@ -705,6 +801,10 @@ int run_simulate_processes(const simulate_settings& settings) {
                           {"transport", transport_seconds}}},
              {"bytes_crossing", crossing}, {"flows", flows},
              {"failures", failures_list}};
+    one["history"] = h == history.versions.end()
+                         ? json(nullptr)
+                         : json{{"attempt", h->second.first.attempt}, {"revision", h->second.second},
+                                {"candidate", h->second.first.candidate}};
     if (!mismatch.empty()) one["mismatch"] = mismatch;
     if (!owner_lines[step].empty()) {
       json timelines = json::array();
@@ -723,6 +823,20 @@ int run_simulate_processes(const simulate_settings& settings) {
     }
     report_steps.push_back(one);
   }
+  const bool history_exact = history.problems.empty() &&
+                             history.versions.size() == static_cast<std::size_t>(s.steps) &&
+                             history.committed == static_cast<std::uint64_t>(s.steps);
+  all_ok = all_ok && history_exact;
+  const json history_json{{"versions", history.versions.size()}, {"commit_version", history.committed},
+                          {"exactly_once", history_exact}, {"problems", history.problems}};
+  const auto fired = fired_kills(results);
+  json kills_json = json::array();
+  for (const auto& k : s.kills)
+    kills_json.push_back({{"role", k.role}, {"id", k.id}, {"step", k.step},
+                          {"fired", fired.count({k.role, k.id, k.step}) > 0}});
+  std::optional<json> chaos_json;
+  if (chaos) chaos_json = chaos_figures(*chaos, report_steps, fired, outage_done.load());
+  const bool chaos_ok = !chaos_json || (*chaos_json)["ok"].get<bool>();
   json processes = json::array();
   for (const auto& c : finished)
     processes.push_back({{"role", c.role}, {"id", c.id}, {"pid", c.pid}, {"restarted", c.restarted},
@@ -749,7 +863,9 @@ int run_simulate_processes(const simulate_settings& settings) {
              {"fenced_payloads", fenced}, {"commit_outage_injected", outage_done.load()},
              {"seconds", total_seconds},
              {"device", {{"requested", requested}, {"description", s.device_description}}},
-             {"stage_devices", stage_devices}, {"all_bit_exact", all_ok}};
+             {"stage_devices", stage_devices}, {"history", history_json}, {"kills", kills_json},
+             {"all_bit_exact", all_ok}};
+    if (chaos_json) out["chaos"] = *chaos_json;
     if (reference)
       out["reference"] = {{"seconds", reference->seconds},
                           {"upload_seconds", reference->upload_seconds},
@@ -795,6 +911,7 @@ int run_simulate_processes(const simulate_settings& settings) {
                  "download {:.3f} s), {:.1f} MB crossing\n",
                  reference->seconds, reference->upload_seconds, reference->download_seconds,
                  reference->bytes_crossing / 1e6);
+    if (chaos_json) fmt::print("{}", describe_figures(*chaos_json));
     fmt::print("  result: {}\n", all_ok ? "every step committed once and bit-exact"
                                         : "NOT every step committed once and bit-exact");
   }
@@ -809,7 +926,7 @@ int run_simulate_processes(const simulate_settings& settings) {
   } else {
     fmt::print(stderr, "dcr simulate: kept {}\n", s.workdir);
   }
-  return all_ok ? 0 : 1;
+  return all_ok && chaos_ok ? 0 : 1;
 }
 
 }  // namespace dcr_tool

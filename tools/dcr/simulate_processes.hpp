@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,15 +14,9 @@
 #include "dcr/sim/moe_model.hpp"
 #include "dcr/apply/apply.hpp"
 #include "dcr/exec/device.hpp"
+#include "simulate_chaos.hpp"
 
 namespace dcr_tool {
-
-/// A process to SIGKILL in the middle of a step (`--kill ROLE[/ID]:STEP`).
-struct kill_request {
-  std::string role;  ///< receiver, owner, coordinator or relay-root
-  int id = 0;        ///< which receiver rank or owner id (0 by default)
-  std::int64_t step = 0;
-};
 
 /// Everything `dcr simulate` was told, shared by the parent and its agent processes.
 struct simulate_settings {
@@ -73,8 +68,15 @@ struct simulate_settings {
   bool asynchronous = false;
   bool pipelined = true;
   bool verify_every = true;  ///< false (--verify last): receivers verify the last step only
+  /// --kill: each fires once (the agent marks it in WORKDIR/results/kills/ before it dies), so
+  /// a process restarted after one kill can be killed again at a later step.
   std::vector<kill_request> kills;
   std::int64_t commit_outage = -1;
+  /// --chaos SEED (parent only): the parent draws the kills, the outage and the corrupted
+  /// payload (simulate_chaos.hpp) and passes them to the agents as --kill, --commit-outage and
+  /// --fault corrupt --fault-step. chaos_kills: kills per role (-1: default_chaos_kills).
+  std::optional<std::uint64_t> chaos_seed;
+  int chaos_kills = -1;
   double timeout_seconds = 300;
   // An agent process (set by the parent when it starts one).
   std::string role;
