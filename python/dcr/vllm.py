@@ -30,6 +30,8 @@ def post_load_of(model, model_config=None, rerun=True):
     from vllm.model_executor.layers.attention import is_deferred_attention_layer
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
     from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    from vllm.model_executor.model_loader.reload.meta import to_meta_tensor
+    from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
 
     units, forbidden, refuse = [], [], []
     if hasattr(model, "process_weights_after_loading"):
@@ -47,8 +49,9 @@ def post_load_of(model, model_config=None, rerun=True):
             refuse.append((name, "vLLM kept no loader-layout metadata for it"))
             continue
         params, buffers = info.restore_metadata
-        layout = dict(params)
-        layout.update(buffers)
+        # vLLM's metadata holds weight loaders with the layer reference removed; put it back
+        # (on copies, as vLLM's restore_layer_on_meta does on the layer).
+        layout = {k: restore_layer_refs(to_meta_tensor(t), module) for k, t in {**params, **buffers}.items()}
         if not layout:
             continue
 
