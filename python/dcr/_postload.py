@@ -45,8 +45,11 @@ class PostLoadUnit:
     weight_loader, are kept). step(module): the engine's own post-load step for this module.
     rerun: whether dcr may re-run the step after a refit (False: such a unit is refused)."""
 
-    def __init__(self, name, module, layout, step, rerun=True, what=None):
+    def __init__(self, name, module, layout, step, rerun=True, what=None, transparent=()):
         self.name = name
+        # Attributes the step sets that the integration declares hold no weight data (a kernel
+        # object that reads the layer's parameters at every call): not hidden state.
+        self.transparent = set(transparent)
         self.module = module
         self.layout = dict(layout)
         self.step = step
@@ -161,7 +164,7 @@ class PostLoad:
 
     # ---- probing -----------------------------------------------------------------------------
 
-    def _fill(self, unit, tensors, run, runs, rand=None):
+    def _fill(self, unit, tensors, run, runs, rand=None, flip=False):
         import torch
         base = 0
         for k, t in tensors.items():
@@ -173,6 +176,8 @@ class PostLoad:
                 mant = 1 << shift
                 digit = (torch.arange(base, base + n, dtype=torch.int64) // (count * mant) ** run) % (count * mant)
                 words = ((digit // mant + 1) << shift) | (digit % mant)
+                if flip:   # every element differs from the plain fill, and stays finite
+                    words = words ^ 1
             view = t.data.view(-1).view(torch.int16 if _CODES[str(t.dtype)][0] == 16 else torch.int32)
             view.copy_(words.to(view.dtype) if rand is None else words)
             base += n
@@ -189,7 +194,7 @@ class PostLoad:
                 copies[k] = c
             self._install(unit, copies)
             unit.step(unit.module)
-            hidden = self._hidden(snap, unit.module)
+            hidden = [h for h in self._hidden(snap, unit.module) if h.split(".", 1)[1] not in unit.transparent]
             rt = {k: v.detach().clone() for k, v in self.runtime_tensors(unit.module).items()}
             shapes = {k: (tuple(v.shape), v.dtype) for k, v in self.runtime_tensors(unit.module).items()}
             return rt, shapes, hidden
@@ -219,11 +224,13 @@ class PostLoad:
             hidden = results[0][2]
             if hidden:
                 raise _Opaque(f"{unit.what} keeps state dcr cannot see ({', '.join(sorted(set(hidden)))})")
+            self._fill(unit, staging, 0, runs, flip=True)
+            flipped = self._run_step(unit, staging)[0]
             rand = torch.Generator().manual_seed(12345)
             self._fill(unit, staging, 0, 1, rand)
             rt, _, _ = self._run_step(unit, staging)
-            decoded = self._decode(unit, staging, results, rt)
-            self._verify(unit, staging, decoded, rt)
+            decoded = self._decode(unit, staging, results, flipped)
+            self._verify(unit, staging, decoded, rt, results[0][0])
             unit.kind, unit.map = "permutation", decoded
             unit.reason = "a permutation of the loader's elements, compiled into placement"
             unit.staging = staging  # used for the composition only; dropped after prewarm
@@ -235,22 +242,26 @@ class PostLoad:
             unit.reason = f"{unit.what} failed on probe weights ({type(e).__name__}: {e})"
         return unit
 
-    def _decode(self, unit, staging, results, other):
-        """{runtime key: int64 tensor of global staging indices per logical element}."""
+    def _decode(self, unit, staging, results, flipped):
+        """{runtime key: int64 tensor, per logical element, of the global staging index it
+        holds, or -1 for an element the step makes without the weights (a constant: the same
+        under two fills that differ in every element)}."""
         import torch
         sizes = [t.numel() for t in staging.values()]
         total = sum(sizes)
         covered = torch.zeros(total, dtype=torch.bool)
         out = {}
-        last = results[0][0]
         dtypes = {str(t.dtype) for t in staging.values()}
-        for key in last:
+        for key in results[0][0]:
             vals = [r[0][key] for r in results]
-            if key in other and other[key].shape == vals[0].shape and other[key].dtype == vals[0].dtype and \
-                    torch.equal(_words(other[key]), _words(vals[0])):
-                continue  # the same for other weights: a constant the step makes without them
+            f = flipped.get(key)
             if vals[0].numel() == 0:
                 continue
+            if f is None or f.shape != vals[0].shape or f.dtype != vals[0].dtype:
+                raise _Opaque(f"runtime tensor '{key}' changes shape with the weights' values")
+            const = (_words(f) == _words(vals[0])).reshape(-1)
+            if bool(const.all()):
+                continue  # made without the weights
             if str(vals[0].dtype) not in dtypes:
                 raise _Opaque(f"runtime tensor '{key}' is {vals[0].dtype}: a value transform of the loader's elements")
             idx = torch.zeros(vals[0].numel(), dtype=torch.int64)
@@ -259,14 +270,16 @@ class PostLoad:
             for run, v in enumerate(vals):
                 w = _words(v).reshape(-1).to(torch.int64) & ((1 << bits) - 1)
                 exp = w >> shift
-                if bool(((exp < 1) | (exp > count) | (w >> (bits - 1)).bool()).any()):
+                bad = ((exp < 1) | (exp > count) | (w >> (bits - 1)).bool()) & ~const
+                if bool(bad.any()):
                     raise _Opaque(f"runtime tensor '{key}' holds values that are not the loader's elements "
                                   "(a value transform)")
                 digit = (exp - 1) * (1 << shift) + (w & ((1 << shift) - 1))
                 idx += digit * radix ** run
+            idx = torch.where(const, torch.full_like(idx, -1), idx)
             if bool((idx >= total).any()):
                 raise _Opaque(f"runtime tensor '{key}' holds values that are not the loader's elements")
-            covered[idx] = True
+            covered[idx[idx >= 0]] = True
             out[key] = idx
         if not bool(covered.all()):
             missing = int((~covered).sum())
@@ -280,12 +293,17 @@ class PostLoad:
                           "after the step (emptied or prepacked into storage dcr cannot see)")
         return out
 
-    def _verify(self, unit, staging, decoded, rt):
+    def _verify(self, unit, staging, decoded, rt, plain):
+        """On random finite weights: every placed element is its source's bits, and every
+        constant element is unchanged."""
         import torch
         flat = torch.cat([_words(t.data).reshape(-1).to(torch.int64) & 0xFFFFFFFF for t in staging.values()])
         for key, idx in decoded.items():
             got = _words(rt[key]).reshape(-1).to(torch.int64) & 0xFFFFFFFF
-            if not torch.equal(got, flat[idx]):
+            const = idx < 0
+            want = torch.where(const, _words(plain[key]).reshape(-1).to(torch.int64) & 0xFFFFFFFF,
+                               flat[idx.clamp(min=0)])
+            if not torch.equal(got, want):
                 raise _Opaque(f"runtime tensor '{key}' is not a bit-exact rearrangement of the loader's elements")
 
     # ---- rerun -------------------------------------------------------------------------------
@@ -436,7 +454,7 @@ def compose(post: PostLoad, copies, live_units):
             live = live_units[u.name][key]
             inv = torch.full((sum(t.numel() for t in u.staging.values()),), -1, dtype=torch.int64)
             # every runtime element j holds staging element idx[j]; several j may hold one
-            sel = torch.isin(idx, g)
+            sel = torch.isin(idx, g) & (idx >= 0)
             if not bool(sel.any()):
                 continue
             inv[g] = q

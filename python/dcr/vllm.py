@@ -55,15 +55,26 @@ def post_load_of(model, model_config=None, rerun=True):
         if not layout:
             continue
 
-        def step(m, qm=qm):
+        moe = hasattr(qm, "moe_kernel")
+
+        def step(m, qm=qm, moe=moe):
+            # As at the first load: vLLM's MoE method takes a set-up kernel to mean "weight
+            # update" and then skips the CPU prepack, so the probe and every re-run start
+            # without one (a new kernel is built, as the engine built it).
             if hasattr(m, "_already_called_process_weights_after_loading"):
                 delattr(m, "_already_called_process_weights_after_loading")
+            if moe:
+                qm.moe_kernel = None
             qm.process_weights_after_loading(m)
             if hasattr(m, "update_param_tp_status"):
                 m.update_param_tp_status()
 
+        # The MoE kernel and its quant config read the layer's w13/w2 parameters at every call
+        # (vLLM's weight updates rely on it: they copy into the parameters and keep the kernel),
+        # so they are declared transparent: the runtime parameters are all there is to see.
         units.append(dcr.PostLoadUnit(name, module, layout, step, rerun=rerun,
-                                      what=f"{type(qm).__name__}.process_weights_after_loading"))
+                                      what=f"{type(qm).__name__}.process_weights_after_loading",
+                                      transparent=("moe_kernel", "moe_quant_config") if moe else ()))
     return dcr.PostLoad(model, units, refuse=refuse, forbidden=forbidden)
 
 

@@ -46,6 +46,7 @@ def write_checkpoint(model, directory, tensors):
     cfg = model.config.to_dict()
     cfg["torch_dtype"] = "bfloat16"
     cfg["dtype"] = "bfloat16"
+    cfg["architectures"] = [type(model).__name__]
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(cfg, f)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(directory, "model.safetensors"),
