@@ -176,6 +176,21 @@ class WorkerExtension:
             agent.stop()
         return True
 
+    def dcr_apply(self, payloads, base_version, target_version):
+        """Applies payload bytes directly (no protocol) and re-runs the post-load step of the
+        changed units; returns the seconds of each part (the benchmark's refit latency)."""
+        import time
+        t0 = time.perf_counter()
+        self._dcr_rx.begin_attempt(base_version, target_version)
+        for p in payloads:
+            self._dcr_rx.apply_payload(p)
+        t1 = time.perf_counter()
+        dcr.Receiver.__mro__[1].end_transition(self._dcr_rx, target_version)
+        rerun = self._dcr_rx.sync()
+        t2 = time.perf_counter()
+        return {"apply_seconds": t1 - t0, "rerun_seconds": t2 - t1, "total_seconds": t2 - t0,
+                "units_rerun": len(rerun)}
+
     def dcr_fingerprint(self):
         return runtime_fingerprint(self._model())
 
