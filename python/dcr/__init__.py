@@ -22,6 +22,8 @@ from ._dcr import (  # noqa: F401  (the public names of the extension)
     FileControlPlane, MemoryControlPlane, FilePayloadStore, MemoryPayloadStore, Coordinator,
     dtype_size,
 )
+EtcdControlPlane = getattr(_dcr, "EtcdControlPlane", None)   # None where built without libcurl
+S3PayloadStore = getattr(_dcr, "S3PayloadStore", None)
 from ._intercept import DenseSink, dtype_name, numpy_dtype, tensor_arg as _tensor_arg
 from .checkpoint import apply, diff, inspect  # noqa: F401
 from ._postload import PostLoad, PostLoadUnit  # noqa: F401
@@ -31,7 +33,7 @@ __all__ = [
     "AffineTask", "ResidualTask", "Owner", "OwnerAgent", "Coordinator", "Receiver", "ReceiverAgent",
     "FileControlPlane", "MemoryControlPlane", "FilePayloadStore", "MemoryPayloadStore",
     "assign_owners", "residual_owner", "DenseSink", "diff", "apply", "inspect", "dtype_name",
-    "PostLoad", "PostLoadUnit",
+    "PostLoad", "PostLoadUnit", "EtcdControlPlane", "S3PayloadStore",
 ]
 
 

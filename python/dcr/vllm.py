@@ -152,8 +152,10 @@ class WorkerExtension:
         self._dcr_rx.load({n: tensors[n] for n, _, _ in self._dcr_registry.entries()})
         return True
 
-    def dcr_start(self, plane_dir, store_dir, name, version=0):
-        plane, store = dcr.FileControlPlane(plane_dir), dcr.FilePayloadStore(store_dir)
+    def dcr_start(self, plane, store, name, version=0):
+        """The ReceiverAgent of this rank (`name-rankN`). plane, store: see open_plane and
+        open_store (a directory, or {"etcd": endpoint, "prefix": ...} / {"s3": url, "endpoint": ...})."""
+        plane, store = open_plane(plane), open_store(store)
         self._dcr_agent = dcr.ReceiverAgent(f"{name}-rank{self._dcr_rank()}", self._dcr_rx, plane, store)
         self._dcr_keep = (plane, store)
         self._dcr_agent.start(version=version, restored=True)
@@ -205,6 +207,27 @@ class WorkerExtension:
         t0 = time.perf_counter()
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()))
         return time.perf_counter() - t0
+
+
+def open_plane(spec):
+    """A control plane from a picklable spec: a directory (dcr.FileControlPlane) or
+    {"etcd": "http://127.0.0.1:2379", "prefix": "/dcr"} (dcr.EtcdControlPlane)."""
+    if isinstance(spec, dict) and "etcd" in spec:
+        if dcr.EtcdControlPlane is None:
+            raise dcr.InvalidArgument("dcr was built without libcurl: no etcd control plane")
+        return dcr.EtcdControlPlane(spec["etcd"], spec.get("prefix", "/dcr"))
+    return dcr.FileControlPlane(spec["dir"] if isinstance(spec, dict) else spec)
+
+
+def open_store(spec):
+    """A payload store from a picklable spec: a directory (dcr.FilePayloadStore) or
+    {"s3": "s3://BUCKET/PREFIX/", "endpoint": "http://127.0.0.1:8333"} (dcr.S3PayloadStore;
+    credentials from the environment)."""
+    if isinstance(spec, dict) and "s3" in spec:
+        if dcr.S3PayloadStore is None:
+            raise dcr.InvalidArgument("dcr was built without libcurl/libcrypto: no S3 payload store")
+        return dcr.S3PayloadStore(spec["s3"], spec.get("endpoint", ""))
+    return dcr.FilePayloadStore(spec["dir"] if isinstance(spec, dict) else spec)
 
 
 # ---- trainer side ----------------------------------------------------------------------------------
