@@ -95,12 +95,14 @@ class Trainer:
     def train_and_publish(self, step, rollouts):
         torch = self.torch
         ids = torch.tensor([p + r for p, r in rollouts])
-        rewards = torch.tensor([sum(1 for t in r if t % 2 == 0) / len(r) for _, r in rollouts])
-        logits = self.model(input_ids=ids).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        # Token-level REINFORCE: reward 1 for an even token id, the mean as the baseline.
         plen = len(rollouts[0][0])
-        adv = rewards - rewards.mean()
-        loss = -(logp[:, plen - 1:].sum(-1) * adv).mean()
+        reward = (ids[:, plen:] % 2 == 0).float()
+        rewards = reward.mean(-1)
+        logits = self.model(input_ids=ids).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)[:, plen - 1:]
+        adv = reward - reward.mean()
+        loss = -(logp * adv).mean()
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
