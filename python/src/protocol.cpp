@@ -3,7 +3,8 @@
 // receiver agent can run on its own thread with the request gate as Python callbacks.
 //
 // The agents are templates over (control plane, payload store); the binding instantiates the
-// embedded default (file plane + file store) and the in-memory pair (tests, one process), and
+// embedded default (file plane + file store), the in-memory pair (tests, one process) and, where
+// libcurl and libcrypto were found (DCR_PY_NET), the cluster pair (etcd plane + S3 store), and
 // hides the choice behind one Python class per agent.
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/string.h>
@@ -22,6 +23,15 @@
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
 #include "dcr/protocol/receiver_agent.hpp"
+#if __has_include(<curl/curl.h>) && __has_include(<openssl/sha.h>)
+#define DCR_PY_NET 1
+#else
+#define DCR_PY_NET 0
+#endif
+#if DCR_PY_NET
+#include "dcr/protocol/etcd_control_plane.hpp"
+#include "dcr/protocol/s3_payload_store.hpp"
+#endif
 #include "owner.hpp"
 #include "receiver.hpp"
 
@@ -313,11 +323,35 @@ void bind_protocol(nb::module_& m) {
       .def_prop_ro("bytes_put", &dcr::memory_payload_store::bytes_put)
       .def_prop_ro("object_count", &dcr::memory_payload_store::object_count);
 
+#if DCR_PY_NET
+  nb::class_<dcr::etcd_control_plane>(m, "EtcdControlPlane",
+      "The etcd v3 control plane: EtcdControlPlane(endpoint, key_prefix='/dcr'), endpoint an "
+      "http(s) URL of one member's client port (e.g. http://127.0.0.1:2379).")
+      .def("__init__",
+           [](dcr::etcd_control_plane* self, const std::string& endpoint, const std::string& key_prefix) {
+             dcr::etcd_options o;
+             o.key_prefix = key_prefix;
+             new (self) dcr::etcd_control_plane(endpoint, o);
+           },
+           nb::arg("endpoint"), nb::arg("key_prefix") = "/dcr");
+  nb::class_<dcr::s3_payload_store>(m, "S3PayloadStore",
+      "An S3 payload store: S3PayloadStore('s3://BUCKET/PREFIX/', endpoint=''), credentials and "
+      "region from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION); an "
+      "endpoint (e.g. SeaweedFS at http://127.0.0.1:PORT) selects path-style addressing.")
+      .def("__init__",
+           [](dcr::s3_payload_store* self, const std::string& url, const std::string& endpoint) {
+             new (self) dcr::s3_payload_store(dcr::s3_options::from_environment(url, endpoint));
+           },
+           nb::arg("url"), nb::arg("endpoint") = "");
+#endif
   nb::class_<py_owner_agent> oa(m, "OwnerAgent",
       "The trainer side of the protocol for one owner: follows the attempt records, builds and "
       "puts the payloads of every attempt, reports, and updates the trackers after the commit.");
   def_owner_agent_init<file_plane, dcr::file_payload_store>(oa);
   def_owner_agent_init<dcr::memory_control_plane, dcr::memory_payload_store>(oa);
+#if DCR_PY_NET
+  def_owner_agent_init<dcr::etcd_control_plane, dcr::s3_payload_store>(oa);
+#endif
   oa.def("start",
          [](py_owner_agent& a, std::uint64_t version, double timeout, bool restarted) {
            const auto d = deadline_in(timeout);
@@ -349,6 +383,9 @@ void bind_protocol(nb::module_& m) {
       "Opens attempts, watches reports and acknowledgements, commits jointly, fences and retries.");
   def_coordinator_init<file_plane, dcr::file_payload_store>(co);
   def_coordinator_init<dcr::memory_control_plane, dcr::memory_payload_store>(co);
+#if DCR_PY_NET
+  def_coordinator_init<dcr::etcd_control_plane, dcr::s3_payload_store>(co);
+#endif
   co.def("initialize",
          [](py_coordinator& c, std::uint64_t version, double timeout) {
            const auto d = deadline_in(timeout);
@@ -375,6 +412,9 @@ void bind_protocol(nb::module_& m) {
       "joining, fencing, apply, acknowledgement, and the request gate (Python callbacks).");
   def_receiver_agent_init<file_plane, dcr::file_payload_store>(ra);
   def_receiver_agent_init<dcr::memory_control_plane, dcr::memory_payload_store>(ra);
+#if DCR_PY_NET
+  def_receiver_agent_init<dcr::etcd_control_plane, dcr::s3_payload_store>(ra);
+#endif
   ra.def("start",
          [](py_receiver_agent& a, std::uint64_t version, bool restored, double timeout) {
            const auto d = deadline_in(timeout);
