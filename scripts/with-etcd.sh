@@ -12,7 +12,7 @@
 # directory: a CA, etcd's certificate for 127.0.0.1 and localhost, a client certificate, and a
 # client certificate from another CA), and authentication is enabled (etcdctl: users root and
 # dcr-test, the latter with read-write access to keys under "/"; simple tokens living 2 s
-# without use, --auth-token-ttl, so that clients must renew them). Then also:
+# without use, --auth-token-ttl, so that clients must renew them; --bcrypt-cost 4). Then also:
 #   DCR_ETCD_ENDPOINT  https://127.0.0.1:PORT
 #   DCR_ETCD_CA        the CA's PEM certificate
 #   DCR_ETCD_CERT, DCR_ETCD_KEY              a client certificate and key signed by that CA
@@ -99,8 +99,10 @@ extendedKeyUsage=serverAuth,clientAuth"
     new_cert wrong other-ca /O=dcr-client "extendedKeyUsage=clientAuth"
   } || { echo "with-etcd.sh: openssl could not make the certificates" >&2; exit 1; }
   scheme=https
+  # --bcrypt-cost 4 (etcd's default is 10): the test's password needs no strength, and many
+  # processes authenticating at once on a loaded machine would otherwise queue for seconds.
   tls_flags=(--cert-file "$t/server.pem" --key-file "$t/server.key" --client-cert-auth
-             --trusted-ca-file "$t/ca.pem" --auth-token-ttl 2)
+             --trusted-ca-file "$t/ca.pem" --auth-token-ttl 2 --bcrypt-cost 4)
   curl_tls=(--cacert "$t/ca.pem" --cert "$t/client.pem" --key "$t/client.key")
 fi
 

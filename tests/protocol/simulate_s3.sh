@@ -9,6 +9,10 @@
 #   flows        tests/tool/simulate_flows.py over S3: trainer and rollout nodes on shaped flows
 #                with the full-checkpoint reference (its objects in S3 too), the flow accounting
 #                adding up
+#   https        over the server's https port (DCR_S3_HTTPS_ENDPOINT) with --s3-ca-bundle
+#                DCR_S3_CA_FILE, the credentials from a shared credentials file (AWS_PROFILE,
+#                AWS_SHARED_CREDENTIALS_FILE) instead of AWS_ACCESS_KEY_ID: it exits 0; with
+#                --s3-ca-bundle DCR_S3_OTHER_CA_FILE it exits 1, naming the certificate
 #   wrong-secret with a wrong AWS_SECRET_ACCESS_KEY it exits 1 before starting anything, with
 #                an error naming the bucket, HTTP 403 and SignatureDoesNotMatch, and leaves no
 #                object under the prefix
@@ -62,6 +66,31 @@ EOF
     python3 "$(dirname "${BASH_SOURCE[0]}")/../tool/simulate_flows.py" "$dcr" --transport "$url" \
       --s3-endpoint "$DCR_S3_ENDPOINT" "$@" || status=$?
     ;;
+  https)
+    : "${DCR_S3_HTTPS_ENDPOINT:?run through scripts/with-s3.sh}"
+    creds=$(mktemp "${TMPDIR:-/tmp}/dcr-simulate-s3-creds-XXXXXX")
+    printf '[other]\naws_access_key_id = nobody\naws_secret_access_key = nothing\n[dcr]\naws_access_key_id = %s\naws_secret_access_key = %s\n' \
+      "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY" >"$creds"
+    https_run() {
+      env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY AWS_SHARED_CREDENTIALS_FILE="$creds" \
+        AWS_PROFILE=dcr "$dcr" simulate --transport "$url" --s3-endpoint "$DCR_S3_HTTPS_ENDPOINT" "$@"
+    }
+    https_run --s3-ca-bundle "$DCR_S3_CA_FILE" "$@" || status=$?
+    if ((status == 0)); then
+      https_run --s3-ca-bundle "$DCR_S3_OTHER_CA_FILE" "$@" >"$out" 2>"$out.err" || status=$?
+      cat "$out.err" >&2
+      if ((status != 1)); then
+        echo "simulate_s3.sh: expected exit status 1 under a CA that did not sign the server, got $status" >&2
+        status=1
+      elif ! grep -qi "certificate" "$out.err"; then
+        echo "simulate_s3.sh: the error does not name the certificate" >&2
+        status=1
+      else
+        status=0
+      fi
+    fi
+    rm -f "$creds"
+    ;;
   wrong-secret)
     AWS_SECRET_ACCESS_KEY="wrong-$AWS_SECRET_ACCESS_KEY" \
       "$dcr" simulate --transport "$url" --s3-endpoint "$DCR_S3_ENDPOINT" "$@" >"$out" 2>"$out.err" ||
@@ -81,7 +110,7 @@ EOF
     fi
     ;;
   *)
-    echo "usage: simulate_s3.sh run|fanout|flows|wrong-secret DCR [ARGS...]" >&2
+    echo "usage: simulate_s3.sh run|fanout|flows|https|wrong-secret DCR [ARGS...]" >&2
     exit 2
     ;;
 esac

@@ -84,12 +84,13 @@ TEST_CASE("an expired token is renewed and the call goes through") {
   const dcr::key_write w{"/k", "v1", 0, false};
   REQUIRE(a.transact({}, std::span(&w, 1)));
   REQUIRE(a.authentications() == 1);
-  std::this_thread::sleep_for(3500ms);  // etcd's --auth-token-ttl is 2 s here
+  // etcd's --auth-token-ttl is 2 s here; it drops expired tokens once a second
+  std::this_thread::sleep_for(4500ms);
   CHECK(a.get("/k")->value == "v1");
   CHECK(a.authentications() == 2);
   // A watch whose token expired is renewed as well.
   const auto rev = a.revision();
-  std::this_thread::sleep_for(3500ms);
+  std::this_thread::sleep_for(4500ms);
   std::jthread writer([&] {
     std::this_thread::sleep_for(300ms);
     dcr::etcd_control_plane b(env("DCR_ETCD_ENDPOINT"), secured(a.key_prefix()));

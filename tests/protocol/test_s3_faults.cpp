@@ -179,7 +179,7 @@ TEST_CASE("a get ends when its cancellation flag is set or its deadline passes, 
     std::vector<std::byte> out;
     const auto t0 = std::chrono::steady_clock::now();
     CHECK(error_of([&] { (void)s.get(id0, out, c); }).find("cancelled") != std::string::npos);
-    CHECK(seconds_since(t0) < 2.0);
+    CHECK(seconds_since(t0) < 3.0);  // libcurl's progress callback runs at least once a second
     CHECK(out.empty());
   }
   {
@@ -191,7 +191,7 @@ TEST_CASE("a get ends when its cancellation flag is set or its deadline passes, 
     const auto t0 = std::chrono::steady_clock::now();
     CHECK(error_of([&] { (void)s.get(id0, out, c); }, dcr::errc::deadline_exceeded).find("deadline passed") !=
           std::string::npos);
-    CHECK(seconds_since(t0) < 2.0);
+    CHECK(seconds_since(t0) < 3.0);
   }
   {
     // A source: next() keeps its deadline while the get trickles, close() ends the get.

@@ -223,6 +223,7 @@ class client {
     const std::atomic<bool>* cancel = nullptr;
     std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
     bool too_large = false, cancelled = false, late = false;
+    bool head = false;  // a HEAD request: no body follows its Content-Length
 
     static int on_progress(void* self, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
       auto& t = *static_cast<transfer*>(self);
@@ -287,14 +288,16 @@ class client {
           value.remove_suffix(1);
         try {
           if (name == "etag") t.etag = std::string(value);
-          if (name == "content-length") {
+          if (name == "content-length" && !t.head) {  // a HEAD's is the object's size
             const auto n = std::stoull(std::string(value));
             t.declared = n;
             if (n > t.max_bytes) {  // refused before a byte of the body is read
               t.too_large = true;
               return 0;
             }
-            if (t.into != nullptr) t.into->reserve(static_cast<std::size_t>(n));
+            // Never more than 64 MiB up front: a length that lies costs at most that.
+            if (t.into != nullptr)
+              t.into->reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n, std::uint64_t{64} << 20)));
           }
         } catch (const std::exception&) {
           // a malformed header: not ours to judge (the status decides)
@@ -349,6 +352,7 @@ class client {
     t.max_bytes = r.max_bytes != 0 ? std::min(r.max_bytes, config_.max_body_bytes) : config_.max_body_bytes;
     t.cancel = r.cancel;
     t.deadline = r.deadline;
+    t.head = r.method == "HEAD";
     if (t.into != nullptr) t.into->clear();
     if (cancelled(r) || std::chrono::steady_clock::now() >= r.deadline) {
       response out;

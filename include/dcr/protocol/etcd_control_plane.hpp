@@ -85,6 +85,10 @@ struct etcd_options {
   std::string cert_file, key_file;
   /// etcd user and password (authentication enabled); empty user: no authentication.
   std::string user, password;
+  /// Limit on one authentication (connecting included). Longer than request_timeout: etcd
+  /// checks the password with bcrypt, one request at a time, which takes seconds when many
+  /// clients authenticate at once on a busy host.
+  std::chrono::milliseconds auth_timeout{15000};
 };
 
 /// Where a control plane lives, as etcd_control_plane::parse_address reads it.
@@ -326,9 +330,12 @@ class etcd_control_plane {
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: threads
     curl_easy_setopt(h, CURLOPT_PROXY, "");     // a cluster-internal service: ignore *_proxy
-    curl_easy_setopt(h, CURLOPT_CAINFO, options_.ca_file.empty() ? nullptr : options_.ca_file.c_str());
-    curl_easy_setopt(h, CURLOPT_SSLCERT, options_.cert_file.empty() ? nullptr : options_.cert_file.c_str());
-    curl_easy_setopt(h, CURLOPT_SSLKEY, options_.key_file.empty() ? nullptr : options_.key_file.c_str());
+    // Only when given: a fresh handle keeps libcurl's default CA bundle (the system's).
+    if (!options_.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, options_.ca_file.c_str());
+    if (!options_.cert_file.empty()) {
+      curl_easy_setopt(h, CURLOPT_SSLCERT, options_.cert_file.c_str());
+      curl_easy_setopt(h, CURLOPT_SSLKEY, options_.key_file.c_str());
+    }
     if (!auth_token.empty()) {
       const std::string line = "Authorization: " + auth_token;
       headers = curl_slist_append(headers, line.c_str());
@@ -366,7 +373,7 @@ class etcd_control_plane {
   // call() without authentication or token renewal: the body of one POST.
   nlohmann::json call_once(std::string_view op, const std::string& key, const char* path,
                            const std::string& text, const std::string& auth_token,
-                           std::optional<etcd_failure>& refused);
+                           std::optional<etcd_failure>& refused, long timeout_ms);
 
   control_record to_record(const nlohmann::json& kv) const;
 

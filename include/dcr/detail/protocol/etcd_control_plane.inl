@@ -119,7 +119,8 @@ inline etcd_control_plane::etcd_control_plane(std::string endpoint, etcd_options
   DCR_EXPECTS(endpoint_.starts_with("http://") || endpoint_.starts_with("https://"),
               errc::invalid_argument,
               "etcd control plane: endpoint '" + shown_ + "' is not an http:// or https:// URL");
-  DCR_EXPECTS(options_.request_timeout.count() > 0 && options_.connect_timeout.count() > 0,
+  DCR_EXPECTS(options_.request_timeout.count() > 0 && options_.connect_timeout.count() > 0 &&
+                  options_.auth_timeout.count() > 0,
               errc::invalid_argument, "etcd control plane '" + shown_ + "': timeouts must be > 0");
   const std::string where = "etcd control plane '" + shown_ + "': ";
   DCR_EXPECTS(options_.cert_file.empty() == options_.key_file.empty(), errc::invalid_argument,
@@ -453,7 +454,8 @@ inline std::string etcd_control_plane::token() {
       nlohmann::json{{"name", options_.user}, {"password", options_.password}}.dump();
   std::optional<etcd_failure> refused;
   const std::string what = "user " + options_.user;
-  const auto reply = call_once("authenticate", what, "/v3/auth/authenticate", text, {}, refused);
+  const auto reply = call_once("authenticate", what, "/v3/auth/authenticate", text, {}, refused,
+                               static_cast<long>(options_.auth_timeout.count()));
   if (refused) fail_grpc("authenticate", what, *refused);  // a wrong password: invalid_argument
   token_ = decode("authenticate", what, [&] {
     const auto t = reply.at("token").get<std::string>();
@@ -481,7 +483,8 @@ inline nlohmann::json etcd_control_plane::call(std::string_view op, const std::s
   for (int renewed = 0;; ++renewed) {
     const std::string auth = token();
     std::optional<etcd_failure> failure;
-    auto reply = call_once(op, key, path, text, auth, failure);
+    auto reply = call_once(op, key, path, text, auth, failure,
+                           static_cast<long>(options_.request_timeout.count()));
     if (!failure) return reply;
     if (renewed == 0 && !auth.empty() && token_refused(*failure)) {
       drop_token(auth);  // expired (or revoked by a leader change): renew once
@@ -495,13 +498,13 @@ inline nlohmann::json etcd_control_plane::call(std::string_view op, const std::s
 inline nlohmann::json etcd_control_plane::call_once(std::string_view op, const std::string& key,
                                                     const char* path, const std::string& text,
                                                     const std::string& auth_token,
-                                                    std::optional<etcd_failure>& refused) {
+                                                    std::optional<etcd_failure>& refused,
+                                                    long timeout_ms) {
   unary_state st;
   long status = 0;
   {
     std::lock_guard lock(mutex_);
-    status = perform(handle_.get(), path, text, &unary_state::on_data, &st,
-                     static_cast<long>(options_.request_timeout.count()),
+    status = perform(handle_.get(), path, text, &unary_state::on_data, &st, timeout_ms,
                      static_cast<long>(options_.connect_timeout.count()), auth_token);
   }
   if (st.curl_code != CURLE_OK) unavailable(op, key, st.curl_message);
