@@ -390,68 +390,41 @@ def _grid(extents, strides):
     return off
 
 
-def _segments(keys):
-    """Start indices of the maximal runs of equal consecutive rows of `keys` ([n, k] int64),
-    plus n: element-sequence runs are [starts[j], starts[j+1])."""
-    import torch
-    n = keys.shape[0]
-    if n == 0:
-        return torch.zeros(1, dtype=torch.int64)
-    change = torch.ones(n, dtype=torch.bool)
-    change[1:] = (keys[1:] != keys[:-1]).any(-1)
-    return torch.cat([change.nonzero().reshape(-1), torch.tensor([n])])
-
-
 def _factorize(r, q):
     """Strided copies (r0, q0, extents, r strides, q strides) covering pairs r[i] <- q[i]
-    (r sorted ascending, distinct), in rank 1 or 2. Vectorised: element i belongs to the run of
-    its outgoing step (r[i+1]-r[i], q[i+1]-q[i]), so inside a run every step is the same; runs
-    of the same length and steps whose starts advance by a constant step form a 2-d copy."""
+    (r sorted ascending, distinct)."""
     import torch
     n = r.numel()
     if n == 0:
         return []
-    if n == 1:
-        return [(int(r[0]), int(q[0]), (1,), (1,), (1,))]
-    steps = torch.stack([r[1:] - r[:-1], q[1:] - q[:-1]], -1)          # [n-1, 2]
-    st = _segments(steps)
-    starts = st[:-1]
-    lens = st[1:] - st[:-1]
-    lens[-1] += 1                                                       # the last element
-    dr = steps[starts.clamp(max=n - 2), 0]
-    dq = steps[starts.clamp(max=n - 2), 1]
-    one = lens == 1
-    dr = torch.where(one, torch.ones_like(dr), dr)
-    dq = torch.where(one, torch.ones_like(dq), dq)
-    R, Q = r[starts], q[starts]
-    k = starts.numel()
-    feat = torch.stack([lens, dr, dq], -1)
-    if k > 1:
-        same = (feat[1:] == feat[:-1]).all(-1)
-        pair = torch.stack([R[1:] - R[:-1], Q[1:] - Q[:-1]], -1)
-        # a pair between runs of different shape gets a key no other pair has
-        sentinel = -torch.arange(1, k, dtype=torch.int64) - (1 << 40)
-        pair = torch.where(same[:, None], pair, torch.stack([sentinel, sentinel], -1))
-        gs = _segments(pair)
-        gstarts = gs[:-1]
-        glens = gs[1:] - gs[:-1]
-        if bool(same[-1]):
-            glens[-1] += 1                       # the last run continues the last group
-        else:                                    # the last run has a shape of its own
-            gstarts = torch.cat([gstarts, torch.tensor([k - 1])])
-            glens = torch.cat([glens, torch.tensor([1])])
-    else:
-        gstarts = torch.zeros(1, dtype=torch.int64)
-        glens = torch.ones(1, dtype=torch.int64)
-    out = []
-    for g0, m in zip(gstarts.tolist(), glens.tolist()):
-        ln, a, b = feat[g0].tolist()
-        r0, q0 = int(R[g0]), int(Q[g0])
-        if m == 1:
-            out.append((r0, q0, (ln,), (a,), (b,)))
+    r, q = r.tolist(), q.tolist()
+    runs = []   # (r0, q0, len, dr, dq)
+    i = 0
+    while i < n:
+        if i + 1 < n:
+            dr, dq = r[i + 1] - r[i], q[i + 1] - q[i]
+            j = i + 1
+            while j + 1 < n and r[j + 1] - r[j] == dr and q[j + 1] - q[j] == dq:
+                j += 1
+            runs.append((r[i], q[i], j - i + 1, dr, dq))
+            i = j + 1
         else:
-            sr, sq = int(R[g0 + 1] - R[g0]), int(Q[g0 + 1] - Q[g0])
-            out.append((r0, q0, (m, ln), (sr, a), (sq, b)))
+            runs.append((r[i], q[i], 1, 1, 1))
+            i += 1
+    out = []
+    k = 0
+    while k < len(runs):
+        r0, q0, ln, dr, dq = runs[k]
+        m = 1
+        if k + 1 < len(runs) and runs[k + 1][2:] == (ln, dr, dq):
+            sr, sq = runs[k + 1][0] - r0, runs[k + 1][1] - q0
+            while k + m < len(runs) and runs[k + m][2:] == (ln, dr, dq) and \
+                    runs[k + m][0] - runs[k + m - 1][0] == sr and runs[k + m][1] - runs[k + m - 1][1] == sq:
+                m += 1
+            out.append((r0, q0, (m, ln), (sr, dr), (sq, dq)))
+        else:
+            out.append((r0, q0, (ln,), (dr,), (dq,)))
+        k += m
     return out
 
 
