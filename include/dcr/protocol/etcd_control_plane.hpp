@@ -7,7 +7,8 @@
 //   transact         POST /v3/kv/txn: each compare is `mod_revision == r` (target MOD, result
 //                    EQUAL; etcd compares an absent key as mod_revision 0, so r = 0 means absent);
 //                    writes are request_put (with the lease) and request_delete_range
-//   revision         the `revision` of a range response's header
+//   revision         POST /v3/maintenance/status: the `revision` of its header (needs no key
+//                    permission, only an authenticated caller)
 //   wait_for_change  POST /v3/watch from revision + 1, read as a stream until an event, a
 //                    compaction of that revision, or the deadline
 //   leases           POST /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke
