@@ -99,8 +99,16 @@ s3_request() {
 }
 
 # Nine consecutive free ports from a per-process starting point (several runs at once pick
-# different ones), tried again elsewhere if the server fails to bind them.
-base=$((20000 + ($$ * 37) % 20000))
+# different ones), tried again elsewhere if the server fails to bind them. They lie below the
+# kernel's ephemeral range (ip_local_port_range), from which every outgoing connection on the
+# machine takes its local port: a port there can be taken between our check and the server's
+# bind by any client at all (seen: the https listener lost its port to one).
+ephemeral_low=32768
+if read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null; then ephemeral_low=$low; fi
+port_low=10000
+port_span=$((ephemeral_low - port_low - 9))
+if ((port_span < 900)); then port_low=1024 port_span=$((ephemeral_low - port_low - 9)); fi
+base=$((port_low + ($$ * 37) % port_span))
 started=false
 for _attempt in 1 2 3 4 5; do
   while :; do
@@ -110,7 +118,7 @@ for _attempt in 1 2 3 4 5; do
     done
     $busy || break
     base=$((base + 9))
-    if ((base > 60000)); then base=20000; fi
+    if ((base > port_low + port_span)); then base=$port_low; fi
   done
   master_port=$base s3_port=$((base + 1)) filer_port=$((base + 2)) volume_port=$((base + 3))
   https_port=$((base + 8))
@@ -130,9 +138,14 @@ for _attempt in 1 2 3 4 5; do
   weed_pid=$!
   for _ in $(seq 300); do  # 30 s
     if ! kill -0 "$weed_pid" 2>/dev/null; then break; fi
-    # The bucket, once S3 and the filer behind it answer (409: a retry after a lost reply).
+    # The bucket, once S3 and the filer behind it answer (409: a retry after a lost reply);
+    # then the https listener, which SeaweedFS binds last (a failed bind ends the server).
     status=$(s3_request PUT "/$bucket")
-    if [[ $status == 200 || $status == 409 ]]; then started=true; break; fi
+    if [[ $status == 200 || $status == 409 ]] && port_in_use "$https_port" &&
+       kill -0 "$weed_pid" 2>/dev/null; then
+      started=true
+      break
+    fi
     sleep 0.1
   done
   if $started; then break; fi
@@ -145,6 +158,7 @@ for _attempt in 1 2 3 4 5; do
   wait "$weed_pid" 2>/dev/null || true
   weed_pid=""
   base=$((base + 9))
+  if ((base > port_low + port_span)); then base=$port_low; fi
 done
 if ! $started; then
   echo "with-s3.sh: SeaweedFS failed to start; its last log:" >&2
