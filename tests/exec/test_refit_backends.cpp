@@ -18,9 +18,7 @@
 namespace {
 
 namespace ex = dcr::exec;
-using dcr::sim::engine_layout;
 using dcr::sim::in_process_deployment;
-using dcr::sim::trainer_layout;
 
 /// random_deployment on the compiled apply path (the only one an apply backend takes).
 dcr::sim::deployment_options random_options(dcr::sim::rng& g, int seed) {
@@ -30,8 +28,9 @@ dcr::sim::deployment_options random_options(dcr::sim::rng& g, int seed) {
 }
 
 /// The CPU policy's backends under the device name "test" (checked to be what the agents report).
-struct backed : dcr_test::policy_backends<ex::cpu_policy> {
-  backed(in_process_deployment& d, ex::cpu_policy policy) : policy_backends(d, policy, "test") {
+struct backed : dcr_test::installed_backends {
+  backed(in_process_deployment& d, ex::cpu_policy policy)
+      : installed_backends(dcr_test::policy_backends(d, policy, "test")) {
     for (std::size_t k = 0; k < d.owner_count(); ++k) CHECK(d.owner_at(k).detect_device() == "test");
     for (std::size_t r = 0; r < d.receiver_count(); ++r) CHECK(d.receiver_at(r).apply_device() == "test");
   }
@@ -40,58 +39,13 @@ struct backed : dcr_test::policy_backends<ex::cpu_policy> {
 }  // namespace
 
 TEST_CASE("refits through the policy-generic detect and apply backends equal the CPU paths") {
-  const double rates[] = {0.01, 0.3, 0.0, 1.0, 0.01};
   for (int seed = 1; seed <= 12; ++seed) {
-    dcr::sim::rng g(static_cast<std::uint64_t>(seed) * 7919);
-    const auto o = random_options(g, seed);
-    const ex::cpu_policy policy = ex::cpu.on(seed % 2 ? 1 : 3);
     CAPTURE(seed);
-    CAPTURE(o.trainer_tp);
-    CAPTURE(o.receiver_tp);
-    CAPTURE(std::string(dcr::dtype_name(o.model.type)));
-    CAPTURE(std::string(dcr::sim::layout_name(o.trainer)));
-    in_process_deployment plain(o), with(o);
-    plain.start();
-    with.start();
-    backed b(with, policy);
-    int step = 0;
-    for (double rate : rates) {
-      ++step;
-      CAPTURE(rate);
-      plain.trainer().stress_step(rate);
-      with.trainer().stress_step(rate);
-      // Step 2 drops receiver 0's first delivery: attempt 0 fails, the overwrite retry unites
-      // the changed sets (the owners then project the union themselves).
-      dcr::testing::receiver_fault_plan faults;
-      if (step == 2)
-        faults = [](std::uint32_t attempt, std::size_t receiver, std::uint64_t ordinal) {
-          return attempt == 0 && receiver == 0 && ordinal == 0 ? dcr::testing::delivery_fault::drop
-                                                               : dcr::testing::delivery_fault::none;
-        };
-      const auto a = plain.refit({}, faults);
-      const auto c = with.refit({}, faults);
-      std::string failures;
-      for (const auto& at : c.attempts) failures += at.failure + "; ";
-      CAPTURE(failures);
-      REQUIRE(a.committed);
-      REQUIRE(c.committed);
-      REQUIRE(a.attempts.size() == c.attempts.size());
-      // The committed attempt (a failed one's figures depend on when it was fenced).
-      CHECK(a.attempts.back().changed_elements == c.attempts.back().changed_elements);
-      CHECK(a.attempts.back().records == c.attempts.back().records);
-      CHECK(a.attempts.back().payload_bytes == c.attempts.back().payload_bytes);
-      b.download();
-      CHECK(plain.verify_against_dense_refit() == "");
-      CHECK(with.verify_against_dense_refit() == "");
-      for (std::size_t r = 0; r < with.receiver_count(); ++r)
-        CHECK(with.storage_at(r).first_difference(plain.storage_at(r)) == "");
-      for (std::size_t k = 0; k < with.owner_count(); ++k)
-        for (std::size_t i = 0; i < with.owner_at(k).tasks().size(); ++i) {
-          const auto host = with.owner_at(k).tracker(i);
-          const auto mirrored = b.detectors[k]->tracker(i);
-          CHECK(std::equal(host.begin(), host.end(), mirrored.begin(), mirrored.end()));
-        }
-    }
+    const ex::cpu_policy policy = ex::cpu.on(seed % 2 ? 1 : 3);
+    const auto problems = dcr_test::refits_with_backends_differ(
+        seed, [&](in_process_deployment& d) -> dcr_test::installed_backends { return backed(d, policy); });
+    for (const auto& p : problems) FAIL_CHECK(p);
+    CHECK(problems.empty());
   }
 }
 

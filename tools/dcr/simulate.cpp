@@ -424,7 +424,7 @@ int simulate_main(const std::vector<std::string>& argv) {
   // --device cuda: every owner detects, every receiver applies on the GPU (device copies of
   // trackers and storage; the storage is copied back before each verification).
   std::vector<std::unique_ptr<dcr::detect_backend>> device_detect;
-  std::vector<std::unique_ptr<device_storage_backend>> device_apply;
+  std::vector<std::unique_ptr<dcr::mirrored_apply_backend>> device_apply;
   for (std::size_t k = 0; k < deployment.owner_count(); ++k)
     if (auto b = make_detect_backend(ps.device, static_cast<int>(k))) {
       deployment.owner_at(k).set_detect_backend(b.get());

@@ -21,21 +21,13 @@
 
 namespace dcr_tool {
 
-/// A receiver's apply stage into a copy of the engine's storage (device memory on CUDA).
-class device_storage_backend : public dcr::apply_backend {
- public:
-  /// Host storage -> the copy (after a dense load through the loader wrote the host).
-  virtual void upload_storage() = 0;
-  /// The copy -> host storage (before comparing with a dense refit).
-  virtual void download_storage() = 0;
-};
-
 /// The detect backend of owner `id` for `device`; nullptr: the owner's own CPU loop.
-std::unique_ptr<dcr::detect_backend> make_detect_backend(dcr::exec::device_kind device, int id);
+std::unique_ptr<dcr::mirrored_detect_backend> make_detect_backend(dcr::exec::device_kind device,
+                                                                 int id);
 
 /// The apply backend of receiver `id` for `device` over the storage's host `buffers`; nullptr:
 /// the receiver's own CPU loop. Call upload_storage() once the buffers hold the start state.
-std::unique_ptr<device_storage_backend> make_apply_backend(
+std::unique_ptr<dcr::mirrored_apply_backend> make_apply_backend(
     dcr::exec::device_kind device, std::span<const std::span<std::byte>> buffers, int id);
 
 }  // namespace dcr_tool

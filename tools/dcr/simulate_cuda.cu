@@ -52,7 +52,7 @@ class device_stream {
   cudaStream_t stream_ = nullptr;
 };
 
-class cuda_detect final : public dcr::detect_backend {
+class cuda_detect final : public dcr::mirrored_detect_backend {
  public:
   explicit cuda_detect(int process_id) : stream_(process_id), inner_(stream_.policy(), "cuda") {}
   [[nodiscard]] std::string device() const override { return inner_.device(); }
@@ -71,22 +71,20 @@ class cuda_detect final : public dcr::detect_backend {
     stream_.activate();
     inner_.commit(task, candidate, changed, dense);
   }
+  [[nodiscard]] std::vector<std::byte> tracker(std::size_t task) override {
+    stream_.activate();
+    return inner_.tracker(task);
+  }
 
  private:
   device_stream stream_;  // first: outlives inner_
   ex::policy_detect_backend<ex::cuda_policy> inner_;
 };
 
-std::vector<ex::storage_region> regions_of(std::span<const std::span<std::byte>> buffers) {
-  std::vector<ex::storage_region> out;
-  for (const auto& b : buffers) out.push_back({b.data(), b.size()});
-  return out;
-}
-
-class cuda_apply final : public device_storage_backend {
+class cuda_apply final : public dcr::mirrored_apply_backend {
  public:
   cuda_apply(std::span<const std::span<std::byte>> buffers, int process_id)
-      : stream_(process_id), inner_(stream_.policy(), regions_of(buffers), "cuda") {}
+      : stream_(process_id), inner_(stream_.policy(), ex::storage_regions(buffers), "cuda") {}
   [[nodiscard]] std::string device() const override { return inner_.device(); }
   void prepare(const dcr::placement_plan& plan) override {
     stream_.activate();
@@ -112,11 +110,11 @@ class cuda_apply final : public device_storage_backend {
 
 }  // namespace
 
-std::unique_ptr<dcr::detect_backend> make_cuda_detect_backend(int process_id) {
+std::unique_ptr<dcr::mirrored_detect_backend> make_cuda_detect_backend(int process_id) {
   return std::make_unique<cuda_detect>(process_id);
 }
 
-std::unique_ptr<device_storage_backend> make_cuda_apply_backend(
+std::unique_ptr<dcr::mirrored_apply_backend> make_cuda_apply_backend(
     std::span<const std::span<std::byte>> buffers, int process_id) {
   return std::make_unique<cuda_apply>(buffers, process_id);
 }

@@ -16,12 +16,12 @@ namespace dcr_tool {
 
 /// An owner's detect stage (detect + compact, projection, tracker update) on CUDA device
 /// `process_id` modulo the device count, on a stream of its own.
-std::unique_ptr<dcr::detect_backend> make_cuda_detect_backend(int process_id);
+std::unique_ptr<dcr::mirrored_detect_backend> make_cuda_detect_backend(int process_id);
 
 /// A receiver's compiled-path apply on CUDA device `process_id` modulo the device count, into
 /// a device copy of `buffers` (the engine storage's host buffers; call upload_storage() once
 /// they hold what the device should start from).
-std::unique_ptr<device_storage_backend> make_cuda_apply_backend(
+std::unique_ptr<dcr::mirrored_apply_backend> make_cuda_apply_backend(
     std::span<const std::span<std::byte>> buffers, int process_id);
 
 /// "NVIDIA H200 (device 0 of 1)": the device a backend of `process_id` runs on.

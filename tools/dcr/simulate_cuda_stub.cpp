@@ -14,8 +14,8 @@ namespace {
 }
 }  // namespace
 
-std::unique_ptr<dcr::detect_backend> make_cuda_detect_backend(int) { no_backend(); }
-std::unique_ptr<device_storage_backend> make_cuda_apply_backend(
+std::unique_ptr<dcr::mirrored_detect_backend> make_cuda_detect_backend(int) { no_backend(); }
+std::unique_ptr<dcr::mirrored_apply_backend> make_cuda_apply_backend(
     std::span<const std::span<std::byte>>, int) {
   no_backend();
 }

@@ -41,4 +41,15 @@ class apply_backend {
   virtual std::uint64_t apply(const item& it) = 0;
 };
 
+/// An apply backend that writes into a copy of the engine storage it holds itself (in device
+/// memory, say: dcr::exec::policy_apply_backend). Whoever owns the storage moves it between the
+/// engine's host buffers and that copy.
+class mirrored_apply_backend : public apply_backend {
+ public:
+  /// Host storage -> the backend's copy (after a dense load through the loader wrote the host).
+  virtual void upload_storage() = 0;
+  /// The backend's copy -> host storage (to compare it with a dense refit, or to serve from it).
+  virtual void download_storage() = 0;
+};
+
 }  // namespace dcr

@@ -77,7 +77,7 @@ std::unique_ptr<buffer_of<P, T>> new_buffer(const P& policy, std::size_t count) 
 /// An owner's detect stage (detect + compact, projection, tracker update) on policy P. See the
 /// file comment; `device` names where P runs, for reports.
 template <execution_policy P>
-class policy_detect_backend final : public detect_backend {
+class policy_detect_backend final : public mirrored_detect_backend {
  public:
   explicit policy_detect_backend(P policy, std::string device = "cpu")
       : policy_(std::move(policy)), device_(std::move(device)) {}
@@ -179,7 +179,7 @@ class policy_detect_backend final : public detect_backend {
   }
 
   /// The tracker of task i as the policy holds it, copied to the host (tests, checks).
-  [[nodiscard]] std::vector<std::byte> tracker(std::size_t i) {
+  [[nodiscard]] std::vector<std::byte> tracker(std::size_t i) override {
     DCR_EXPECTS(i < tasks_.size(), errc::out_of_range, "policy_detect_backend: no task " + std::to_string(i));
     std::vector<std::byte> out(static_cast<std::size_t>(tasks_[i].bytes()));
     download(policy_, out.data(), trackers_->data() + offset_[i], out.size());
@@ -218,10 +218,18 @@ struct storage_region {
   std::size_t bytes = 0;
 };
 
+/// The regions of a storage's host buffers, one per buffer.
+inline std::vector<storage_region> storage_regions(std::span<const std::span<std::byte>> buffers) {
+  std::vector<storage_region> out;
+  out.reserve(buffers.size());
+  for (const auto& b : buffers) out.push_back({b.data(), b.size()});
+  return out;
+}
+
 /// A receiver's compiled-path apply on policy P, into the policy's copy of the engine storage.
 /// See the file comment; `device` names where P runs, for reports.
 template <execution_policy P>
-class policy_apply_backend final : public apply_backend {
+class policy_apply_backend final : public mirrored_apply_backend {
  public:
   /// Mirrors `regions` (distinct, non-overlapping host buffers holding every element the plan's
   /// records reach) in the policy's memory; call upload_storage() before the first apply.
@@ -246,13 +254,13 @@ class policy_apply_backend final : public apply_backend {
   [[nodiscard]] std::string device() const override { return device_; }
 
   /// Host storage -> the policy's copy (after the loader wrote the host storage).
-  void upload_storage() {
+  void upload_storage() override {
     for (const auto& r : regions_) upload(policy_, storage_->data() + r.offset, r.host, r.bytes);
     synchronize(policy_);
   }
 
   /// The policy's copy -> host storage (to compare it, or to serve from the host).
-  void download_storage() {
+  void download_storage() override {
     for (const auto& r : regions_) download(policy_, r.host, storage_->data() + r.offset, r.bytes);
   }
 

@@ -56,4 +56,11 @@ class detect_backend {
                       std::span<const std::uint64_t> changed, bool dense) = 0;
 };
 
+/// A detect backend whose trackers can be read back, to check them against the owner's.
+class mirrored_detect_backend : public detect_backend {
+ public:
+  /// The tracker of task `task` as the backend holds it, copied to the host.
+  [[nodiscard]] virtual std::vector<std::byte> tracker(std::size_t task) = 0;
+};
+
 }  // namespace dcr
