@@ -37,6 +37,22 @@ keys_left() {
     grep -o '<Key>[^<]*</Key>' || true
 }
 
+# After a run that wrote its status to $status, its stdout to $out and its stderr to $out.err:
+# status 0 when the run exited 1 and its stderr matches the grep pattern $2; otherwise 1, saying
+# what was expected ($1) and what happened.
+expect_refused() {
+  cat "$out.err" >&2
+  if ((status != 1)); then
+    echo "simulate_s3.sh: expected exit status 1 $1, got $status" >&2
+    status=1
+  elif ! grep -qi -- "$2" "$out.err"; then
+    echo "simulate_s3.sh: the error $1 does not match '$2'" >&2
+    status=1
+  else
+    status=0
+  fi
+}
+
 status=0
 case $mode in
   run)
@@ -78,16 +94,7 @@ EOF
     https_run --s3-ca-bundle "$DCR_S3_CA_FILE" "$@" || status=$?
     if ((status == 0)); then
       https_run --s3-ca-bundle "$DCR_S3_OTHER_CA_FILE" "$@" >"$out" 2>"$out.err" || status=$?
-      cat "$out.err" >&2
-      if ((status != 1)); then
-        echo "simulate_s3.sh: expected exit status 1 under a CA that did not sign the server, got $status" >&2
-        status=1
-      elif ! grep -qi "certificate" "$out.err"; then
-        echo "simulate_s3.sh: the error does not name the certificate" >&2
-        status=1
-      else
-        status=0
-      fi
+      expect_refused "under a CA that did not sign the server" "certificate"
     fi
     rm -f "$creds"
     ;;
@@ -95,18 +102,10 @@ EOF
     AWS_SECRET_ACCESS_KEY="wrong-$AWS_SECRET_ACCESS_KEY" \
       "$dcr" simulate --transport "$url" --s3-endpoint "$DCR_S3_ENDPOINT" "$@" >"$out" 2>"$out.err" ||
       status=$?
-    cat "$out.err" >&2
-    if ((status != 1)); then
-      echo "simulate_s3.sh: expected exit status 1 with a wrong secret, got $status" >&2
-      status=1
-    elif ! grep -q "s3://$DCR_S3_BUCKET/$prefix/.*HTTP 403 SignatureDoesNotMatch" "$out.err"; then
-      echo "simulate_s3.sh: the error does not name the bucket, HTTP 403 and SignatureDoesNotMatch" >&2
-      status=1
-    elif grep -q "processes" "$out"; then
+    expect_refused "with a wrong secret" "s3://$DCR_S3_BUCKET/$prefix/.*HTTP 403 SignatureDoesNotMatch"
+    if ((status == 0)) && grep -q "processes" "$out"; then
       echo "simulate_s3.sh: agents were started although S3 refused the credentials" >&2
       status=1
-    else
-      status=0
     fi
     ;;
   *)

@@ -21,6 +21,7 @@
 
 #include "control_plane_laws.hpp"
 #include "dcr/protocol/etcd_control_plane.hpp"
+#include "service_test_support.hpp"
 
 namespace {
 
@@ -29,12 +30,7 @@ using namespace std::chrono_literals;
 std::string endpoint() { return std::getenv("DCR_ETCD_ENDPOINT"); }
 
 // A key prefix no other test (nor an earlier run on the same etcd) has used.
-std::string fresh_prefix() {
-  static std::atomic<int> n{0};
-  return "/dcr-test/" + std::to_string(::getpid()) + "-" +
-         std::to_string(std::chrono::system_clock::now().time_since_epoch().count()) + "-" +
-         std::to_string(n++);
-}
+std::string fresh_prefix() { return dcr_test::unique_prefix("/dcr-test/"); }
 
 dcr::etcd_options with_prefix(std::string prefix) {
   dcr::etcd_options o;

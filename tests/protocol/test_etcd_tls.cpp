@@ -9,31 +9,23 @@
 // (exit 77), or fails when CI is set.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 
 #include "control_plane_laws.hpp"
 #include "dcr/protocol/etcd_control_plane.hpp"
+#include "service_test_support.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
+using dcr_test::env;
 
-std::string fresh_prefix() {
-  static std::atomic<int> n{0};
-  return "/dcr-tls-test/" + std::to_string(::getpid()) + "-" +
-         std::to_string(std::chrono::system_clock::now().time_since_epoch().count()) + "-" +
-         std::to_string(n++);
-}
+// A key prefix no other test (nor an earlier run) has used.
+std::string fresh_prefix() { return dcr_test::unique_prefix("/dcr-tls-test/"); }
 
 // Everything right: the CA, the client certificate, the user.
 dcr::etcd_options secured(std::string prefix = fresh_prefix()) {

@@ -30,50 +30,24 @@
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/s3_payload_store.hpp"
 #include "s3_test_support.hpp"
+#include "service_test_support.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
+using dcr_test::env;
 
 // A key prefix no other test (nor an earlier run) has used.
-std::string fresh_prefix() {
-  static std::atomic<int> n{0};
-  return "test-" + std::to_string(::getpid()) + "-" +
-         std::to_string(std::chrono::system_clock::now().time_since_epoch().count()) + "-" +
-         std::to_string(n++) + "/";
-}
+std::string fresh_prefix() { return dcr_test::unique_prefix("test-", "/"); }
 
 dcr::s3_options options(std::string prefix = fresh_prefix()) {
-  dcr::s3_options o;
-  o.endpoint = env("DCR_S3_ENDPOINT");
-  o.bucket = env("DCR_S3_BUCKET");
-  o.prefix = std::move(prefix);
-  o.region = dcr::s3_region_from_environment();
-  o.credentials = dcr::s3_credentials::from_environment();
-  o.backoff_initial = 20ms;
-  o.backoff_max = 200ms;
-  return o;
+  return dcr_test::server_options(std::move(prefix), 200ms);
 }
 
 using dcr_test::bytes_of;
 using dcr_test::error_of;
-
-std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
-  std::vector<std::byte> out(n);
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& b : out) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<std::byte>(x);
-  }
-  return out;
-}
+using dcr_test::pattern;
 
 dcr::payload_id pid(std::uint32_t owner, std::uint32_t seq, std::uint64_t base = 1, std::uint64_t target = 2,
                     std::uint32_t attempt = 0) {

@@ -21,24 +21,19 @@
 #include "dcr/protocol/s3_payload_store.hpp"
 #include "http_fault_proxy.hpp"
 #include "s3_test_support.hpp"
+#include "service_test_support.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
+using dcr_test::env;
 using dcr_test::error_of;
+using dcr_test::pattern;
+using dcr_test::payload_of;
 using fault = dcr_test::fault_proxy::fault;
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
-
-std::string fresh_prefix() {
-  static std::atomic<int> n{0};
-  return "faults-" + std::to_string(::getpid()) + "-" +
-         std::to_string(std::chrono::system_clock::now().time_since_epoch().count()) + "-" +
-         std::to_string(n++) + "/";
-}
+// A key prefix no other test (nor an earlier run) has used.
+std::string fresh_prefix() { return dcr_test::unique_prefix("faults-", "/"); }
 
 int upstream_port() {
   const auto e = env("DCR_S3_ENDPOINT");
@@ -46,27 +41,7 @@ int upstream_port() {
 }
 
 dcr::s3_options options(std::string prefix = fresh_prefix()) {
-  dcr::s3_options o;
-  o.endpoint = env("DCR_S3_ENDPOINT");
-  o.bucket = env("DCR_S3_BUCKET");
-  o.prefix = std::move(prefix);
-  o.region = dcr::s3_region_from_environment();
-  o.credentials = dcr::s3_credentials::from_environment();
-  o.backoff_initial = 20ms;
-  o.backoff_max = 100ms;
-  return o;
-}
-
-std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
-  std::vector<std::byte> out(n);
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& b : out) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<std::byte>(x);
-  }
-  return out;
+  return dcr_test::server_options(std::move(prefix), 100ms);
 }
 
 const dcr::payload_id id0{{1, 2, 0}, 1, 0};
@@ -87,17 +62,6 @@ struct proxied {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-/// A valid payload (no items) carrying `id` in its header.
-std::vector<std::byte> payload_of(const dcr::payload_id& id) {
-  const dcr::tensor_registry registry;
-  dcr::payload_header h;
-  h.id = id;
-  h.registry_fingerprint = registry.fingerprint();
-  std::vector<std::byte> out;
-  dcr::payload_encoder().encode(h, {}, registry, out);
-  return out;
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ using namespace std::chrono_literals;
 
 using dcr_test::bytes_of;
 using dcr_test::error_of;
+using dcr_test::payload_of;
 
 struct temp_dir {
   std::filesystem::path path;
@@ -444,17 +445,6 @@ TEST_CASE("fanout_store: every payload crosses once, nodes read the rest locally
 
 namespace {
 
-/// A valid payload (no items) carrying `id` in its header.
-std::vector<std::byte> payload_of(const dcr::payload_id& id) {
-  const dcr::tensor_registry registry;
-  dcr::payload_header h;
-  h.id = id;
-  h.registry_fingerprint = registry.fingerprint();
-  std::vector<std::byte> out;
-  dcr::payload_encoder().encode(h, {}, registry, out);
-  return out;
-}
-
 /// A memory store whose next `damaged` gets return the payload with one byte flipped.
 class damaging_store {
  public:
@@ -515,18 +505,28 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/// One rollout node's fan-out store over a remote that can damage its downloads, sharing into a
+/// local file store; the remote holds payload `id` and a manifest naming it.
+struct fanout_node {
+  temp_dir dir;
+  damaging_store remote;
+  dcr::payload_id id = pid(1, 0);
+  dcr::file_payload_store local{dir.path / "local"};
+  dcr::directory_claims claims{dir.path / "claims"};
+  using store_type = dcr::fanout_store<damaging_store, dcr::file_payload_store>;
+  store_type node{
+      remote, local, claims, dcr::fanout_options{0, 1, std::chrono::milliseconds(100)}};
+  fanout_node() {
+    remote.put(id, payload_of(id));
+    remote.put_manifest(id.attempt, 1, std::vector<dcr::payload_id>{id});
+  }
+};
+
 }  // namespace
 
 TEST_CASE("fanout_store: a download that fails the payload check is downloaded again and never shared") {
-  temp_dir dir;
-  damaging_store remote;
-  const auto id = pid(1, 0);
-  remote.put(id, payload_of(id));
-  remote.put_manifest(id.attempt, 1, std::vector<dcr::payload_id>{id});
-  dcr::file_payload_store local(dir.path / "local");
-  dcr::directory_claims claims(dir.path / "claims");
-  using fan = dcr::fanout_store<damaging_store, dcr::file_payload_store>;
-  fan node(remote, local, claims, dcr::fanout_options{0, 1, 100ms});
+  fanout_node f;
+  auto& [dir, remote, id, local, claims, node] = f;
   std::vector<std::byte> out, shared;
   // One damaged download: caught by the check, downloaded again; only the good copy is shared.
   remote.damaged = 1;
@@ -553,27 +553,20 @@ TEST_CASE("fanout_store: a download that fails the payload check is downloaded a
 }
 
 TEST_CASE("fanout_store: a refetch downloads again instead of serving the shared copy") {
-  temp_dir dir;
-  damaging_store remote;
-  const auto id = pid(1, 0);
-  remote.put(id, payload_of(id));
-  remote.put_manifest(id.attempt, 1, std::vector<dcr::payload_id>{id});
-  dcr::file_payload_store local(dir.path / "local");
-  dcr::directory_claims claims(dir.path / "claims");
-  using fan = dcr::fanout_store<damaging_store, dcr::file_payload_store>;
-  fan node(remote, local, claims, dcr::fanout_options{0, 1, 100ms});
+  fanout_node f;
+  auto& [dir, remote, id, local, claims, node] = f;
   std::vector<std::byte> out;
   REQUIRE(node.get(id, out) == dcr::get_status::found);
   REQUIRE(remote.gets == 1);
   REQUIRE(node.get(id, out) == dcr::get_status::found);  // the local copy
   CHECK(remote.gets == 1);
   // The sources' refetch asks for a fresh copy: downloaded again.
-  dcr::store_source<fan> src(node);
+  dcr::store_source<fanout_node::store_type> src(node);
   src.open(id.attempt, std::vector<std::uint32_t>{1});
   CHECK(src.refetch(id, out));
   CHECK(remote.gets == 2);
   CHECK(out == payload_of(id));
-  dcr::prefetch_source<fan> pre(node, dcr::prefetch_options{1, 0, 5ms});
+  dcr::prefetch_source<fanout_node::store_type> pre(node, dcr::prefetch_options{1, 0, 5ms});
   pre.open(id.attempt, std::vector<std::uint32_t>{1});
   CHECK(pre.refetch(id, out));
   CHECK(remote.gets == 3);
@@ -616,11 +609,9 @@ TEST_CASE("prefetch_source: close() and open() cancel the gets in flight") {
     while (store.cancelled < 2 && seconds_since(t0) < 2.0) std::this_thread::sleep_for(5ms);
     CHECK(store.cancelled == 2);
     CHECK(seconds_since(t0) < 1.0);
-    const auto t1 = std::chrono::steady_clock::now();
     src.open(key, std::vector<std::uint32_t>{1});
     CHECK(src.next(d, dcr::protocol_clock::now() + 100ms) == dcr::source_status::timed_out);
     // the destructor cancels what is in flight rather than waiting 5 s for it
-    (void)t1;
   }
   CHECK(store.cancelled == 4);
 }
