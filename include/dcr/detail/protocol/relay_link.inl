@@ -483,8 +483,10 @@ inline void listener::close() {
   asio::error_code ec;
   acceptor_.close(ec);
   backoff_.cancel();
-  for (auto& [id, p] : pending_) p.e->abandon(what_ + ": shutting down");
+  // Moved out first: abandoning one runs its done handler, which erases it from pending_.
+  auto pending = std::move(pending_);
   pending_.clear();
+  for (auto& [id, p] : pending) p.e->abandon(what_ + ": shutting down");
 }
 
 inline void listener::accept_next() {
