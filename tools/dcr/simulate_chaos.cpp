@@ -137,19 +137,33 @@ json chaos_figures(const chaos_plan& plan, const json& steps, const std::set<fir
   std::map<std::int64_t, double> period;
   for (const auto& [k, st] : by_step)
     if (const auto a = end_of(k - 1), b = end_of(k); a && b) period[k] = *b - *a;
-  std::vector<double> clean;
+  // The transition's own time (seconds.total: its first attempt record to its commit): what
+  // the attempts cost, without the candidates' wait or the verification between steps, so less
+  // noisy; but a killed coordinator's successor starts this clock itself and misses its own
+  // start-up.
+  auto transition_of = [&](std::int64_t k) -> std::optional<double> {
+    const auto it = by_step.find(k);
+    if (it == by_step.end() || !it->second->contains("seconds")) return std::nullopt;
+    const auto& t = it->second->at("seconds");
+    if (!t.contains("total") || !t.at("total").is_number()) return std::nullopt;
+    return t.at("total").get<double>();
+  };
+  std::vector<double> clean, clean_transitions;
   json clean_steps = json::array();
   for (const auto& [k, p] : period)
     if (k >= 2 && plan.at(k) == nullptr && attempts_of(k) == 1) {
       clean.push_back(p);
       clean_steps.push_back(k);
+      if (const auto t = transition_of(k)) clean_transitions.push_back(*t);
     }
   const bool have_median = !clean.empty();
   const double clean_median = have_median ? median(clean) : 0.0;
+  const bool have_transition_median = !clean_transitions.empty();
+  const double clean_transition_median = have_transition_median ? median(clean_transitions) : 0.0;
 
   struct role_count {
     int planned = 0, fired = 0, survived = 0;
-    std::vector<double> lost;
+    std::vector<double> lost, transition_lost;
   };
   std::map<std::string, role_count> roles;
   json schedule = json::array();
@@ -177,22 +191,31 @@ json chaos_figures(const chaos_plan& plan, const json& steps, const std::set<fir
     j["period_seconds"] = p == period.end() ? json(nullptr) : json(p->second);
     const bool have_lost = p != period.end() && have_median;
     j["seconds_lost"] = have_lost ? json(p->second - clean_median) : json(nullptr);
+    const auto t = transition_of(e.step);
+    const bool have_transition_lost = t.has_value() && have_transition_median;
+    j["transition_seconds"] = t ? json(*t) : json(nullptr);
+    j["transition_seconds_lost"] = have_transition_lost ? json(*t - clean_transition_median) : json(nullptr);
     if (e.kind == "kill") {
       auto& r = roles[e.kill.role];
       ++r.planned;
       r.fired += happened ? 1 : 0;
       r.survived += survived ? 1 : 0;
       if (have_lost) r.lost.push_back(p->second - clean_median);
+      if (have_transition_lost) r.transition_lost.push_back(*t - clean_transition_median);
     }
     schedule.push_back(j);
   }
   json role_json = json::object();
   int planned = 0, fired_n = 0, survived_n = 0;
+  auto mean = [](const std::vector<double>& v) {
+    double m = 0;
+    for (double x : v) m += x / static_cast<double>(v.size());
+    return v.empty() ? json(nullptr) : json(m);
+  };
   for (const auto& [name, r] : roles) {
-    double mean = 0;
-    for (double x : r.lost) mean += x / static_cast<double>(r.lost.size());
     role_json[name] = {{"planned", r.planned}, {"fired", r.fired}, {"survived", r.survived},
-                       {"mean_seconds_lost", r.lost.empty() ? json(nullptr) : json(mean)}};
+                       {"mean_seconds_lost", mean(r.lost)},
+                       {"mean_transition_seconds_lost", mean(r.transition_lost)}};
     planned += r.planned;
     fired_n += r.fired;
     survived_n += r.survived;
@@ -209,13 +232,17 @@ json chaos_figures(const chaos_plan& plan, const json& steps, const std::set<fir
           {"attempts_per_step", attempts},
           {"clean_steps", clean_steps},
           {"clean_period_median_seconds", have_median ? json(clean_median) : json(nullptr)},
+          {"clean_period_min_seconds", have_median ? json(*std::min_element(clean.begin(), clean.end())) : json(nullptr)},
+          {"clean_period_max_seconds", have_median ? json(*std::max_element(clean.begin(), clean.end())) : json(nullptr)},
+          {"clean_transition_median_seconds",
+           have_transition_median ? json(clean_transition_median) : json(nullptr)},
           {"ok", ok}};
 }
 
 std::string describe_figures(const json& f) {
   std::string out = fmt::format(
       "  chaos (seed {}): {} of {} kills fired, {} survived; clean steps' commit-to-commit period "
-      "median {}\n",
+      "median {}; lost = period - that median\n",
       f["seed"].get<std::uint64_t>(), f["kills_fired"].get<int>(), f["kills_planned"].get<int>(),
       f["kills_survived"].get<int>(),
       f["clean_period_median_seconds"].is_number()
@@ -223,10 +250,13 @@ std::string describe_figures(const json& f) {
                         f["clean_steps"].size())
           : std::string("n/a (no clean step)"));
   for (const auto& [role, r] : f["roles"].items())
-    out += fmt::format("    {:<12} {} planned, {} fired, {} survived, {} lost per kill on average\n", role,
-                       r["planned"].get<int>(), r["fired"].get<int>(), r["survived"].get<int>(),
+    out += fmt::format("    {:<12} {} planned, {} fired, {} survived, {} lost per kill on average ({} in the transition)\n",
+                       role, r["planned"].get<int>(), r["fired"].get<int>(), r["survived"].get<int>(),
                        r["mean_seconds_lost"].is_number()
                            ? fmt::format("{:.3f} s", r["mean_seconds_lost"].get<double>())
+                           : std::string("n/a"),
+                       r["mean_transition_seconds_lost"].is_number()
+                           ? fmt::format("{:.3f} s", r["mean_transition_seconds_lost"].get<double>())
                            : std::string("n/a"));
   for (const auto& e : f["schedule"]) {
     std::string what = e["event"].get<std::string>();

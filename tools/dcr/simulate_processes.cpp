@@ -829,11 +829,17 @@ int run_simulate_processes(const simulate_settings& settings) {
   all_ok = all_ok && history_exact;
   const json history_json{{"versions", history.versions.size()}, {"commit_version", history.committed},
                           {"exactly_once", history_exact}, {"problems", history.problems}};
+  // Every --kill must have happened: a recovery test whose kill never fired proves nothing.
   const auto fired = fired_kills(results);
   json kills_json = json::array();
-  for (const auto& k : s.kills)
-    kills_json.push_back({{"role", k.role}, {"id", k.id}, {"step", k.step},
-                          {"fired", fired.count({k.role, k.id, k.step}) > 0}});
+  for (const auto& k : s.kills) {
+    const bool happened = fired.count({k.role, k.id, k.step}) > 0;
+    kills_json.push_back({{"role", k.role}, {"id", k.id}, {"step", k.step}, {"fired", happened}});
+    if (!happened)
+      fmt::print(stderr, "dcr simulate: --kill {}/{}:{} never fired (the process did not reach that point of step {})\n",
+                 k.role, k.id, k.step, k.step);
+    all_ok = all_ok && happened;
+  }
   std::optional<json> chaos_json;
   if (chaos) chaos_json = chaos_figures(*chaos, report_steps, fired, outage_done.load());
   const bool chaos_ok = !chaos_json || (*chaos_json)["ok"].get<bool>();
