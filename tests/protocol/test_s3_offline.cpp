@@ -39,14 +39,9 @@ struct temp_dir {
 };
 
 /// A memory store that counts gets and can hold payloads back (not visible yet).
-class counting_store {
+/// Puts, manifests, listings and cleanup are the memory store's own.
+class counting_store : public dcr::memory_payload_store {
  public:
-  using payload_store_concept = dcr::payload_store_tag;
-  void put(const dcr::payload_id& id, std::span<const std::byte> b) { inner_.put(id, b); }
-  void put_manifest(const dcr::attempt_key& k, std::uint32_t o, std::span<const dcr::payload_id> ids) {
-    inner_.put_manifest(k, o, ids);
-  }
-  std::vector<dcr::owner_listing> list(const dcr::attempt_key& k) const { return inner_.list(k); }
   dcr::get_status get(const dcr::payload_id& id, std::vector<std::byte>& out) const {
     {
       std::lock_guard lock(mutex_);
@@ -58,11 +53,10 @@ class counting_store {
     while (in_flight > seen && !max_in_flight_.compare_exchange_weak(seen, in_flight)) {
     }
     std::this_thread::sleep_for(delay_);
-    const auto s = inner_.get(id, out);
+    const auto s = memory_payload_store::get(id, out);
     --in_flight_;
     return s;
   }
-  void erase_through(std::uint64_t v) { inner_.erase_through(v); }
 
   void hide(const dcr::payload_id& id) {
     std::lock_guard lock(mutex_);
@@ -81,7 +75,6 @@ class counting_store {
   std::chrono::milliseconds delay_{0};
 
  private:
-  dcr::memory_payload_store inner_;
   mutable std::mutex mutex_;
   mutable std::map<dcr::payload_id, std::size_t> gets_;
   std::set<dcr::payload_id> hidden_;
@@ -446,39 +439,25 @@ TEST_CASE("fanout_store: every payload crosses once, nodes read the rest locally
 namespace {
 
 /// A memory store whose next `damaged` gets return the payload with one byte flipped.
-class damaging_store {
+/// Puts, manifests, listings and cleanup are the memory store's own.
+class damaging_store : public dcr::memory_payload_store {
  public:
-  using payload_store_concept = dcr::payload_store_tag;
-  void put(const dcr::payload_id& id, std::span<const std::byte> b) { inner_.put(id, b); }
-  void put_manifest(const dcr::attempt_key& k, std::uint32_t o, std::span<const dcr::payload_id> ids) {
-    inner_.put_manifest(k, o, ids);
-  }
-  std::vector<dcr::owner_listing> list(const dcr::attempt_key& k) const { return inner_.list(k); }
   dcr::get_status get(const dcr::payload_id& id, std::vector<std::byte>& out) const {
     ++gets;
-    const auto s = inner_.get(id, out);
+    const auto s = memory_payload_store::get(id, out);
     if (s == dcr::get_status::found && damaged > 0) {
       --damaged;
       out[out.size() / 2] ^= std::byte{0x40};
     }
     return s;
   }
-  void erase_through(std::uint64_t v) { inner_.erase_through(v); }
   mutable std::atomic<int> damaged{0}, gets{0};
-
- private:
-  dcr::memory_payload_store inner_;
 };
 
 /// A store whose gets take `delay` unless cancelled through their get_control.
-class slow_store {
+/// Puts, manifests, listings and cleanup are the memory store's own.
+class slow_store : public dcr::memory_payload_store {
  public:
-  using payload_store_concept = dcr::payload_store_tag;
-  void put(const dcr::payload_id& id, std::span<const std::byte> b) { inner_.put(id, b); }
-  void put_manifest(const dcr::attempt_key& k, std::uint32_t o, std::span<const dcr::payload_id> ids) {
-    inner_.put_manifest(k, o, ids);
-  }
-  std::vector<dcr::owner_listing> list(const dcr::attempt_key& k) const { return inner_.list(k); }
   dcr::get_status get(const dcr::payload_id& id, std::vector<std::byte>& out) const {
     return get(id, out, dcr::get_control{});
   }
@@ -491,14 +470,10 @@ class slow_store {
       }
       std::this_thread::sleep_for(5ms);
     }
-    return inner_.get(id, out);
+    return memory_payload_store::get(id, out);
   }
-  void erase_through(std::uint64_t v) { inner_.erase_through(v); }
   std::chrono::milliseconds delay{5000};
   mutable std::atomic<int> cancelled{0};
-
- private:
-  dcr::memory_payload_store inner_;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
