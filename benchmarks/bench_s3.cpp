@@ -15,7 +15,7 @@
 #include <string>
 
 #include "dcr/protocol/payload_source.hpp"
-#include "dcr/protocol/s3_payload_store.hpp"
+#include "dcr/protocol/store/s3_payload_store.hpp"
 
 namespace {
 

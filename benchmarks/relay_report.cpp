@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "dcr/protocol/relay.hpp"
+#include "dcr/protocol/relay/relay.hpp"
 
 namespace {
 

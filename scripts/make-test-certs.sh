@@ -6,7 +6,7 @@
 # Writes DIR/ca.pem (the deployment's CA certificate), DIR/ca.key, and for each NAME (default:
 # owner root node) DIR/NAME.pem and DIR/NAME.key: an EC P-256 key and a certificate with
 # subject OU=dcr-relay-ROLE, CN=NAME signed by the CA, valid 30 days for both TLS server and
-# client use. The OU is the relay role the certificate grants (dcr/protocol/relay_link.hpp):
+# client use. The OU is the relay role the certificate grants (dcr/protocol/relay/relay_link.hpp):
 # ROLE is owner, root or node, by default NAME itself (so NAME must be one of them unless a
 # ROLE is given); ROLE `none` issues a certificate that grants no role (tests of refusals).
 # Subject alternative names: $DCR_CERT_SAN if set (an openssl subjectAltName value, e.g.

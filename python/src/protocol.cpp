@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "dcr/protocol/coordinator.hpp"
-#include "dcr/protocol/file_control_plane.hpp"
-#include "dcr/protocol/memory_control_plane.hpp"
+#include "dcr/protocol/plane/file_control_plane.hpp"
+#include "dcr/protocol/plane/memory_control_plane.hpp"
 #include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
@@ -29,8 +29,8 @@
 #define DCR_PY_NET 0
 #endif
 #if DCR_PY_NET
-#include "dcr/protocol/etcd_control_plane.hpp"
-#include "dcr/protocol/s3_payload_store.hpp"
+#include "dcr/protocol/plane/etcd_control_plane.hpp"
+#include "dcr/protocol/store/s3_payload_store.hpp"
 #endif
 #include "owner.hpp"
 #include "receiver.hpp"

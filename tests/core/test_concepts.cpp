@@ -10,7 +10,7 @@
 #include "dcr/mapping/concept.hpp"
 #include "dcr/mapping/replicated.hpp"
 #include "dcr/protocol/control_plane.hpp"
-#include "dcr/protocol/memory_control_plane.hpp"
+#include "dcr/protocol/plane/memory_control_plane.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
 

@@ -21,7 +21,7 @@
 #include <thread>
 
 #include "../error_capture.hpp"
-#include "dcr/protocol/relay.hpp"
+#include "dcr/protocol/relay/relay.hpp"
 
 #ifndef DCR_MAKE_TEST_CERTS
 #error "DCR_MAKE_TEST_CERTS (the path of scripts/make-test-certs.sh) must be defined"

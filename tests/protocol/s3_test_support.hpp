@@ -13,7 +13,7 @@
 #include "dcr/canonical.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/error.hpp"
-#include "dcr/protocol/s3_payload_store.hpp"
+#include "dcr/protocol/store/s3_payload_store.hpp"
 #include "service_test_support.hpp"
 
 namespace dcr_test {

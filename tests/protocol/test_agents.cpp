@@ -17,8 +17,8 @@
 #include <optional>
 
 #include "agents_harness.hpp"
-#include "dcr/protocol/file_control_plane.hpp"
-#include "dcr/protocol/memory_control_plane.hpp"
+#include "dcr/protocol/plane/file_control_plane.hpp"
+#include "dcr/protocol/plane/memory_control_plane.hpp"
 #include "dcr/sim/random.hpp"
 
 namespace {

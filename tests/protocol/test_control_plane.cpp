@@ -14,8 +14,8 @@
 
 #include "control_plane_laws.hpp"
 #include "dcr/protocol/agent_support.hpp"
-#include "dcr/protocol/file_control_plane.hpp"
-#include "dcr/protocol/memory_control_plane.hpp"
+#include "dcr/protocol/plane/file_control_plane.hpp"
+#include "dcr/protocol/plane/memory_control_plane.hpp"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "dcr/detail/base64.hpp"
-#include "dcr/protocol/etcd_control_plane.hpp"
+#include "dcr/protocol/plane/etcd_control_plane.hpp"
 
 using dcr::detail::base64_decode;
 using dcr::detail::base64_encode;

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "control_plane_laws.hpp"
-#include "dcr/protocol/etcd_control_plane.hpp"
+#include "dcr/protocol/plane/etcd_control_plane.hpp"
 #include "service_test_support.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// tests/protocol/test_relay.cpp: the relay transport (dcr/protocol/relay.hpp) on 127.0.0.1:
+// tests/protocol/test_relay.cpp: the relay transport (dcr/protocol/relay/relay.hpp) on 127.0.0.1:
 // mutual TLS refusals, striped delivery of every payload to every receiver of every node with
 // acknowledgements after delivery and bounded memory, duplicates, a root and a node lost
 // mid-attempt and the retry after reconnection, and the real agents over the relay for a few
@@ -10,7 +10,7 @@
 #include "relay_test_support.hpp"
 
 #include "dcr/protocol/coordinator.hpp"
-#include "dcr/protocol/memory_control_plane.hpp"
+#include "dcr/protocol/plane/memory_control_plane.hpp"
 #include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/receiver_agent.hpp"
 #include "dcr/sim/deployment.hpp"

@@ -1,4 +1,4 @@
-// tests/protocol/test_relay_hostile.cpp: the relay (dcr/protocol/relay.hpp) against hostile and
+// tests/protocol/test_relay_hostile.cpp: the relay (dcr/protocol/relay/relay.hpp) against hostile and
 // broken peers on 127.0.0.1 (issue 20): roles forged against the certificates, and servers whose
 // certificate names another address; counts from the wire that would size huge allocations,
 // malformed manifests a root would forward; an owner that ignores the root's window and a root

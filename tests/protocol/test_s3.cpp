@@ -25,10 +25,10 @@
 #include <thread>
 
 #include "agents_harness.hpp"
-#include "dcr/protocol/fanout_store.hpp"
-#include "dcr/protocol/memory_control_plane.hpp"
+#include "dcr/protocol/store/fanout_store.hpp"
+#include "dcr/protocol/plane/memory_control_plane.hpp"
 #include "dcr/protocol/payload_source.hpp"
-#include "dcr/protocol/s3_payload_store.hpp"
+#include "dcr/protocol/store/s3_payload_store.hpp"
 #include "s3_test_support.hpp"
 #include "service_test_support.hpp"
 

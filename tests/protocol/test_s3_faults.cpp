@@ -16,9 +16,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "dcr/protocol/fanout_store.hpp"
+#include "dcr/protocol/store/fanout_store.hpp"
 #include "dcr/protocol/payload_source.hpp"
-#include "dcr/protocol/s3_payload_store.hpp"
+#include "dcr/protocol/store/s3_payload_store.hpp"
 #include "http_fault_proxy.hpp"
 #include "s3_test_support.hpp"
 #include "service_test_support.hpp"

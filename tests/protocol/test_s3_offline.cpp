@@ -13,9 +13,9 @@
 #include <set>
 #include <thread>
 
-#include "dcr/protocol/fanout_store.hpp"
+#include "dcr/protocol/store/fanout_store.hpp"
 #include "dcr/protocol/payload_source.hpp"
-#include "dcr/protocol/s3_payload_store.hpp"
+#include "dcr/protocol/store/s3_payload_store.hpp"
 #include "s3_test_support.hpp"
 
 namespace {

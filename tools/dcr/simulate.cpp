@@ -17,7 +17,7 @@
 #include "device_choice.hpp"
 #include "dcr/error_text.hpp"
 #include "dcr/protocol/link_shaper.hpp"
-#include "dcr/protocol/s3_payload_store.hpp"
+#include "dcr/protocol/store/s3_payload_store.hpp"
 #include "dcr/sim/deployment.hpp"
 #include "simulate_backends.hpp"
 #include "simulate_processes.hpp"

@@ -33,8 +33,8 @@
 
 #include "args.hpp"
 #include "dcr/protocol/coordinator.hpp"
-#include "dcr/protocol/etcd_control_plane.hpp"
-#include "dcr/protocol/file_control_plane.hpp"
+#include "dcr/protocol/plane/etcd_control_plane.hpp"
+#include "dcr/protocol/plane/file_control_plane.hpp"
 #include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/receiver_agent.hpp"
 #include "dcr/sim/moe_engine.hpp"

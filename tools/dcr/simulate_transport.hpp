@@ -24,7 +24,7 @@
 // share downloads it (booked on its rollout node's flow) and forwards it into WORKDIR/fanout,
 // a file store standing for the rollout cluster's local network, where every other receiver
 // reads it without crossing the boundary.
-// --transport relay (dcr/protocol/relay.hpp): the parent starts --relay-roots root processes
+// --transport relay (dcr/protocol/relay/relay.hpp): the parent starts --relay-roots root processes
 // (role relay-root, listening on 127.0.0.1:BASE+k) and each receiver process hosts the relay
 // node of its own rank (127.0.0.1:BASE+roots+rank), so a root forwards to every receiver process
 // over loopback, the local links (unshaped). The cross-cluster flows are the owners'
@@ -46,13 +46,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "dcr/protocol/fanout_store.hpp"
+#include "dcr/protocol/store/fanout_store.hpp"
 #include "dcr/protocol/link_shaper.hpp"
 #include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
-#include "dcr/protocol/s3_payload_store.hpp"
-#include "dcr/protocol/relay.hpp"
+#include "dcr/protocol/store/s3_payload_store.hpp"
+#include "dcr/protocol/relay/relay.hpp"
 #include "simulate_processes.hpp"
 
 namespace dcr_tool {

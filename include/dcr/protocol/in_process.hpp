@@ -27,7 +27,7 @@
 
 namespace dcr {
 
-class memory_control_plane;   // dcr/protocol/memory_control_plane.hpp
+class memory_control_plane;   // dcr/protocol/plane/memory_control_plane.hpp
 class memory_payload_store;   // dcr/protocol/payload_store.hpp
 
 /// What one refit does (the in-process driver's knobs).

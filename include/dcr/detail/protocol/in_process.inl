@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "dcr/protocol/coordinator.hpp"
-#include "dcr/protocol/memory_control_plane.hpp"
+#include "dcr/protocol/plane/memory_control_plane.hpp"
 #include "dcr/protocol/owner_agent.hpp"
 #include "dcr/protocol/payload_store.hpp"
 #include "dcr/protocol/receiver_agent.hpp"

@@ -1,4 +1,4 @@
-// dcr/protocol/relay_link.hpp: what every relay connection is made of (dcr/protocol/relay.hpp
+// dcr/protocol/relay/relay_link.hpp: what every relay connection is made of (dcr/protocol/relay/relay.hpp
 // has the transport itself): mutual TLS over TCP (standalone Asio's ssl::stream over OpenSSL),
 // the frame format, and the establishment of a connection with its refusals.
 //
@@ -557,4 +557,4 @@ class io_thread {
 }  // namespace relay_detail
 }  // namespace dcr
 
-#include "dcr/detail/protocol/relay_link.inl"
+#include "dcr/detail/protocol/relay/relay_link.inl"

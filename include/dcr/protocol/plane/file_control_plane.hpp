@@ -1,4 +1,4 @@
-// dcr/protocol/file_control_plane.hpp: a control plane in a directory on a local or shared
+// dcr/protocol/plane/file_control_plane.hpp: a control plane in a directory on a local or shared
 // filesystem (the embedded default of `dcr simulate`). Survives a crash of any process at any
 // point: a record is never torn, a transaction is never half applied, a revision is never
 // reused.
@@ -223,4 +223,4 @@ static_assert(control_plane<file_control_plane>);
 
 }  // namespace dcr
 
-#include "dcr/detail/protocol/file_control_plane.inl"
+#include "dcr/detail/protocol/plane/file_control_plane.inl"

@@ -1,4 +1,4 @@
-// dcr/detail/protocol/memory_control_plane.inl: the bodies of dcr/protocol/memory_control_plane.hpp
+// dcr/detail/protocol/plane/memory_control_plane.inl: the bodies of dcr/protocol/plane/memory_control_plane.hpp
 // (included at its end).
 #pragma once
 

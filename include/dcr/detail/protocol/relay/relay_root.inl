@@ -1,4 +1,4 @@
-// dcr/detail/protocol/relay_root.inl: the bodies of dcr/protocol/relay_root.hpp (included at its
+// dcr/detail/protocol/relay/relay_root.inl: the bodies of dcr/protocol/relay/relay_root.hpp (included at its
 // end).
 #pragma once
 

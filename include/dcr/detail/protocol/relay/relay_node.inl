@@ -1,4 +1,4 @@
-// dcr/detail/protocol/relay_node.inl: the bodies of dcr/protocol/relay_node.hpp (included at its
+// dcr/detail/protocol/relay/relay_node.inl: the bodies of dcr/protocol/relay/relay_node.hpp (included at its
 // end).
 #pragma once
 

@@ -1,4 +1,4 @@
-// dcr/detail/protocol/file_control_plane.inl: the bodies of dcr/protocol/file_control_plane.hpp
+// dcr/detail/protocol/plane/file_control_plane.inl: the bodies of dcr/protocol/plane/file_control_plane.hpp
 // (included at its end).
 #pragma once
 

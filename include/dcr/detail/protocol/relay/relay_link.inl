@@ -1,4 +1,4 @@
-// dcr/detail/protocol/relay_link.inl: the bodies of dcr/protocol/relay_link.hpp (included at its
+// dcr/detail/protocol/relay/relay_link.inl: the bodies of dcr/protocol/relay/relay_link.hpp (included at its
 // end).
 #pragma once
 

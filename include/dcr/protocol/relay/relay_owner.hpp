@@ -1,4 +1,4 @@
-// dcr/protocol/relay_owner.hpp: the trainer end of the relay (dcr/protocol/relay.hpp): the
+// dcr/protocol/relay/relay_owner.hpp: the trainer end of the relay (dcr/protocol/relay/relay.hpp): the
 // payload sink an owner agent puts into. It streams each payload across the cluster boundary
 // to one of the roots (striped), and its manifest completes only once every payload was
 // delivered to every receiver the attempt requires.
@@ -42,7 +42,7 @@
 #include "dcr/protocol/control_plane.hpp"
 #include "dcr/protocol/link_shaper.hpp"
 #include "dcr/protocol/payload_store.hpp"
-#include "dcr/protocol/relay_link.hpp"
+#include "dcr/protocol/relay/relay_link.hpp"
 
 namespace dcr {
 
@@ -157,4 +157,4 @@ static_assert(attempt_routed_sink<relay_owner_store>);
 
 }  // namespace dcr
 
-#include "dcr/detail/protocol/relay_owner.inl"
+#include "dcr/detail/protocol/relay/relay_owner.inl"

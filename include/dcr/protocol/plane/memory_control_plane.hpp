@@ -1,4 +1,4 @@
-// dcr/protocol/memory_control_plane.hpp: a control plane in one process's memory (tests, the
+// dcr/protocol/plane/memory_control_plane.hpp: a control plane in one process's memory (tests, the
 // in-process driver). Thread-safe; waiting uses a condition variable; leases expire on the
 // steady clock. Nothing survives the process.
 #pragma once
@@ -56,4 +56,4 @@ static_assert(control_plane<memory_control_plane>);
 
 }  // namespace dcr
 
-#include "dcr/detail/protocol/memory_control_plane.inl"
+#include "dcr/detail/protocol/plane/memory_control_plane.inl"

@@ -1,4 +1,4 @@
-// dcr/detail/s3_xml.hpp: the few elements dcr reads from S3's XML responses (ListObjectsV2,
+// dcr/detail/protocol/store/s3_xml.hpp: the few elements dcr reads from S3's XML responses (ListObjectsV2,
 // ListMultipartUploads, multipart initiate and complete, errors), implementation only.
 //
 // Not a general XML parser: S3 answers small, flat documents of known shape. This reads the

@@ -1,4 +1,4 @@
-// dcr/detail/protocol/fanout_store.inl: the bodies of dcr/protocol/fanout_store.hpp (included at
+// dcr/detail/protocol/store/fanout_store.inl: the bodies of dcr/protocol/store/fanout_store.hpp (included at
 // its end).
 #pragma once
 

@@ -1,4 +1,4 @@
-// dcr/detail/protocol/etcd_control_plane.inl: the bodies of dcr/protocol/etcd_control_plane.hpp
+// dcr/detail/protocol/plane/etcd_control_plane.inl: the bodies of dcr/protocol/plane/etcd_control_plane.hpp
 // (included at its end).
 #pragma once
 

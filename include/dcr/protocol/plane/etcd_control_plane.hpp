@@ -1,4 +1,4 @@
-// dcr/protocol/etcd_control_plane.hpp: a control plane in etcd v3 (3.4 or later), spoken to
+// dcr/protocol/plane/etcd_control_plane.hpp: a control plane in etcd v3 (3.4 or later), spoken to
 // through etcd's JSON gateway (grpc-gateway, under /v3/) with libcurl. Link with libcurl; the
 // JSON bodies use nlohmann-json. Not part of dcr.hpp (the umbrella pulls in no libcurl).
 //
@@ -65,7 +65,7 @@
 #include <stdexcept>
 
 #include "dcr/detail/base64.hpp"
-#include "dcr/detail/curl.hpp"
+#include "dcr/detail/protocol/curl.hpp"
 #include "dcr/error.hpp"
 #include "dcr/protocol/control_plane.hpp"
 
@@ -394,4 +394,4 @@ static_assert(control_plane<etcd_control_plane>);
 
 }  // namespace dcr
 
-#include "dcr/detail/protocol/etcd_control_plane.inl"
+#include "dcr/detail/protocol/plane/etcd_control_plane.inl"

@@ -1,4 +1,4 @@
-// dcr/protocol/s3_payload_store.hpp: a payload store (dcr/protocol/payload_store.hpp) in an S3
+// dcr/protocol/store/s3_payload_store.hpp: a payload store (dcr/protocol/payload_store.hpp) in an S3
 // bucket, on AWS or any S3-compatible server (SeaweedFS, MinIO, Ceph RGW), over libcurl. Link
 // with libcurl (7.75 or later; Debian 12's 7.88 is what dcr tests) and OpenSSL's libcrypto. Not
 // part of dcr.hpp (the umbrella pulls in neither).
@@ -30,7 +30,7 @@
 // AbortMultipartUpload / ListBucketMultipartUploads on the prefix (without ListBucket, S3
 // answers 403 instead of 404 for a missing key).
 //
-// Signing: libcurl's SigV4 (dcr/detail/s3_client.hpp says what dcr adds to it). Bodies are
+// Signing: libcurl's SigV4 (dcr/detail/protocol/store/s3_client.hpp says what dcr adds to it). Bodies are
 // hashed (SHA-256 by OpenSSL, about 1.8 GB/s per core here) by default so that the signature
 // covers the payload bytes: over plain http a body altered or cut short on the way is refused
 // by a server that checks the hash (AWS does; SeaweedFS does not), and the one pass costs less
@@ -83,8 +83,8 @@
 #include <vector>
 
 #include "dcr/codec/item.hpp"
-#include "dcr/detail/s3_client.hpp"
-#include "dcr/detail/s3_xml.hpp"
+#include "dcr/detail/protocol/store/s3_client.hpp"
+#include "dcr/detail/protocol/store/s3_xml.hpp"
 #include "dcr/error.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/payload_store.hpp"
@@ -325,4 +325,4 @@ static_assert(controllable_store<s3_payload_store>);
 
 }  // namespace dcr
 
-#include "dcr/detail/protocol/s3_payload_store.inl"
+#include "dcr/detail/protocol/store/s3_payload_store.inl"

@@ -1,4 +1,4 @@
-// dcr/detail/curl.hpp: what every libcurl transfer of dcr does around curl_easy_perform
+// dcr/detail/protocol/curl.hpp: what every libcurl transfer of dcr does around curl_easy_perform
 // (implementation only; the etcd control plane and the S3 client use it).
 #pragma once
 

@@ -1,4 +1,4 @@
-// dcr/protocol/fanout_store.hpp: object-store fan-out inside the rollout cluster (beyond the
+// dcr/protocol/store/fanout_store.hpp: object-store fan-out inside the rollout cluster (beyond the
 // paper), as a pull store for the receivers of one rollout node.
 //
 // Without fan-out every rollout node downloads every payload from the remote store (S3) across
@@ -179,4 +179,4 @@ class fanout_store {
 
 }  // namespace dcr
 
-#include "dcr/detail/protocol/fanout_store.inl"
+#include "dcr/detail/protocol/store/fanout_store.inl"

@@ -1,4 +1,4 @@
-// dcr/detail/protocol/s3_payload_store.inl: the bodies of dcr/protocol/s3_payload_store.hpp
+// dcr/detail/protocol/store/s3_payload_store.inl: the bodies of dcr/protocol/store/s3_payload_store.hpp
 // (included at its end).
 #pragma once
 

@@ -1,4 +1,4 @@
-// dcr/protocol/relay_root.hpp: a root of the relay (dcr/protocol/relay.hpp), in the rollout
+// dcr/protocol/relay/relay_root.hpp: a root of the relay (dcr/protocol/relay/relay.hpp), in the rollout
 // cluster: owners stream payloads to it across the cluster boundary (mutual TLS), and it
 // forwards each one, chunk by chunk as it arrives (cut-through), to the rollout nodes that host
 // a receiver the attempt requires, over local links.
@@ -26,7 +26,7 @@
 // reconnect_interval; an owner lost mid-payload makes the root abort that payload at the nodes.
 //
 // Hostile peers. Only certificates granting the role owner connect to the listener, and only a
-// node's certificate is accepted when dialing a node (dcr/protocol/relay_link.hpp). Every frame
+// node's certificate is accepted when dialing a node (dcr/protocol/relay/relay_link.hpp). Every frame
 // is checked whole before anything is sized by it or forwarded: counts against the frame's
 // bytes and the protocol's limits, manifests before they go to the nodes.
 #pragma once
@@ -37,7 +37,7 @@
 #include <optional>
 #include <set>
 
-#include "dcr/protocol/relay_link.hpp"
+#include "dcr/protocol/relay/relay_link.hpp"
 
 namespace dcr {
 
@@ -213,4 +213,4 @@ class relay_root {
 
 }  // namespace dcr
 
-#include "dcr/detail/protocol/relay_root.inl"
+#include "dcr/detail/protocol/relay/relay_root.inl"

@@ -1,4 +1,4 @@
-// dcr/protocol/relay.hpp: the relay transport, authenticated with mutual TLS (docs/transports.md).
+// dcr/protocol/relay/relay.hpp: the relay transport, authenticated with mutual TLS (docs/transports.md).
 // Not part of dcr.hpp: it needs standalone Asio and OpenSSL (meson: the dcr-relay dependency).
 //
 //   trainer cluster          |  rollout cluster
@@ -28,7 +28,7 @@
 // a root by the root's window, a root's bytes at a node by the node's window.
 #pragma once
 
-#include "dcr/protocol/relay_link.hpp"
-#include "dcr/protocol/relay_node.hpp"
-#include "dcr/protocol/relay_owner.hpp"
-#include "dcr/protocol/relay_root.hpp"
+#include "dcr/protocol/relay/relay_link.hpp"
+#include "dcr/protocol/relay/relay_node.hpp"
+#include "dcr/protocol/relay/relay_owner.hpp"
+#include "dcr/protocol/relay/relay_root.hpp"

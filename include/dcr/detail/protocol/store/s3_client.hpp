@@ -1,5 +1,5 @@
-// dcr/detail/s3_client.hpp: signed S3 requests over libcurl, with retries (implementation only;
-// the contract is dcr/protocol/s3_payload_store.hpp's).
+// dcr/detail/protocol/store/s3_client.hpp: signed S3 requests over libcurl, with retries (implementation only;
+// the contract is dcr/protocol/store/s3_payload_store.hpp's).
 //
 // Signing is libcurl's own SigV4 (CURLOPT_AWS_SIGV4 "aws:amz:REGION:s3", 7.75 or later). What
 // libcurl 7.88 leaves to the caller, done here:
@@ -54,8 +54,8 @@
 #include <utility>
 #include <vector>
 
-#include "dcr/detail/curl.hpp"
-#include "dcr/detail/s3_xml.hpp"
+#include "dcr/detail/protocol/curl.hpp"
+#include "dcr/detail/protocol/store/s3_xml.hpp"
 #include "dcr/error.hpp"
 
 namespace dcr::detail::s3 {

@@ -1,4 +1,4 @@
-// dcr/protocol/relay_node.hpp: the rollout-node end of the relay (dcr/protocol/relay.hpp): it
+// dcr/protocol/relay/relay_node.hpp: the rollout-node end of the relay (dcr/protocol/relay/relay.hpp): it
 // accepts roots (mutual TLS), assembles the payloads they forward, and hands them to the
 // receivers of its node, each through a relay_node::source (a payload_source).
 //
@@ -23,7 +23,7 @@
 // from it breaks the attempt here: the sources of its receivers throw errc::transport_failure
 // naming the root from next(). Every wait in next() ends at its deadline.
 //
-// Hostile peers. Only certificates granting the role root connect (dcr/protocol/relay_link.hpp);
+// Hostile peers. Only certificates granting the role root connect (dcr/protocol/relay/relay_link.hpp);
 // every count in a frame is checked against the frame's bytes and the protocol's limits before
 // anything is sized by it, and a root that overruns its window is disconnected.
 #pragma once
@@ -38,7 +38,7 @@
 
 #include "dcr/protocol/control_plane.hpp"
 #include "dcr/protocol/payload_source.hpp"
-#include "dcr/protocol/relay_link.hpp"
+#include "dcr/protocol/relay/relay_link.hpp"
 
 namespace dcr {
 
@@ -233,4 +233,4 @@ static_assert(payload_source<relay_node::source>);
 
 }  // namespace dcr
 
-#include "dcr/detail/protocol/relay_node.inl"
+#include "dcr/detail/protocol/relay/relay_node.inl"

@@ -1,4 +1,4 @@
-// dcr/detail/protocol/relay_owner.inl: the bodies of dcr/protocol/relay_owner.hpp (included at its
+// dcr/detail/protocol/relay/relay_owner.inl: the bodies of dcr/protocol/relay/relay_owner.hpp (included at its
 // end).
 #pragma once
 
