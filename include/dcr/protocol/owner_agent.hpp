@@ -134,6 +134,7 @@ class owner_agent {
   owner_report report_;
   std::vector<stage_span> timeline_;
   std::vector<std::vector<std::byte>> payloads_;
+  std::vector<payload_id> payload_ids_;  // payload_ids_[k]: the id of payloads_[k]
   std::vector<payload_id> ids_;
   std::vector<std::span<const std::byte>> restore_spans_, restore_inputs_;
 };
