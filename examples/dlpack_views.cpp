@@ -130,7 +130,7 @@ int main() {
   dense_load(dense);
   const bool exact = same_memory(storage, reference);
   std::printf("committed: %s, %llu changed element(s), %s\n", report.committed ? "yes" : "no",
-              static_cast<unsigned long long>(report.attempts.back().changed_elements),
+              static_cast<unsigned long long>(report.attempts.back().owners.changed_elements),
               exact ? "engine memory bit-identical to a dense refit" : "DIFFERS from a dense refit");
   ok &= report.committed && exact;
   // Nothing outside the views was written: the arena's words before the norm are still zero.

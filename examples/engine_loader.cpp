@@ -110,7 +110,7 @@ int main() {
   const auto& a = report.attempts.back();
   const bool exact = storage.qkv == reference.qkv;
   std::printf("committed: %s, %llu changed element(s), %llu payload byte(s), %s\n",
-              report.committed ? "yes" : "no", static_cast<unsigned long long>(a.changed_elements),
+              report.committed ? "yes" : "no", static_cast<unsigned long long>(a.owners.changed_elements),
               static_cast<unsigned long long>(a.payload_bytes),
               exact ? "bit-identical to a dense refit" : "DIFFERS from a dense refit");
   return report.committed && exact ? 0 : 1;

@@ -225,14 +225,14 @@ int main() {
               "%llu residual conversion(s); %llu payload byte(s)\n",
               one.committed ? "yes" : "no", exact1 ? "exact" : "NOT EXACT",
               static_cast<unsigned long long>(a1.records),
-              static_cast<unsigned long long>(a1.changed_elements),
-              static_cast<unsigned long long>(a1.residual_changed_elements),
-              static_cast<unsigned long long>(a1.residual_conversions),
+              static_cast<unsigned long long>(a1.owners.changed_elements),
+              static_cast<unsigned long long>(a1.owners.residual_changed_elements),
+              static_cast<unsigned long long>(a1.owners.residual_conversions),
               static_cast<unsigned long long>(a1.payload_bytes));
   // Affine: norm 1 + o_proj 2 (one per column split). Residual: embedding row 1 lands in both
   // tied tensors (2); the padding change lands nowhere.
-  ok = ok && one.committed && exact1 && a1.changed_elements == 3 &&
-       a1.residual_conversions == 2 && a1.residual_changed_elements == 2 && a1.records == 5;
+  ok = ok && one.committed && exact1 && a1.owners.changed_elements == 3 &&
+       a1.owners.residual_conversions == 2 && a1.owners.residual_changed_elements == 2 && a1.records == 5;
 
   // Step 2: only padding rows change. The task is rebuilt (its input changed) but its canonical
   // outputs did not, so no record is sent for them.
@@ -243,10 +243,10 @@ int main() {
   const bool exact2 = exact();
   std::printf("step 2: committed %s, %s; %llu residual conversion(s), %llu record(s)\n",
               two.committed ? "yes" : "no", exact2 ? "exact" : "NOT EXACT",
-              static_cast<unsigned long long>(a2.residual_conversions),
+              static_cast<unsigned long long>(a2.owners.residual_conversions),
               static_cast<unsigned long long>(a2.records));
-  ok = ok && two.committed && exact2 && a2.residual_conversions == 2 &&
-       a2.residual_changed_elements == 0 && a2.records == 0;
+  ok = ok && two.committed && exact2 && a2.owners.residual_conversions == 2 &&
+       a2.owners.residual_changed_elements == 0 && a2.records == 0;
 
   std::printf("%s\n", ok ? "bit-identical to a dense refit after every step" : "FAILED");
   return ok ? 0 : 1;

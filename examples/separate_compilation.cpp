@@ -5,7 +5,8 @@
 // again. A program with many such units (or one that recompiles often) can instead define
 // DCR_SEPARATE_COMPILATION for all of its units and compile this one file with them; the other
 // units then see declarations only and compile just the templates they instantiate with their
-// own types (the loader, here). examples/meson.build builds engine_loader.cpp, residual_task.cpp,
-// verify_faults.cpp and custom_store.cpp both ways and runs each; docs/benchmarks.md has the
+// own types (the loader, here). dcr's own build uses this very file so: meson.build compiles it
+// into the static library dcr_core that the tool, the tests, the benchmarks and the Python
+// extension link (the examples themselves stay header-only); docs/benchmarks.md has the
 // compile times.
 #include "dcr/separate_compilation.hpp"

@@ -82,7 +82,7 @@ def main():
                 sys.exit(f"bench-transports: {case} at {rate} was not bit-exact")
             # Steps after the first (warm caches); the median over them.
             steps = r["steps"][1:] or r["steps"]
-            latency = statistics.median(s["seconds"]["total"] for s in steps)
+            latency = statistics.median(s["seconds"]["refit"] for s in steps)
             transport = statistics.median(s["seconds"]["transport"] or 0 for s in steps)
             row = {"case": case, "rate": rate, "latency_seconds": latency,
                    "speedup": reference["seconds"] / latency,

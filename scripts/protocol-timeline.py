@@ -30,7 +30,7 @@ def main():
         d = json.load(open(path))
         st = d["steps"][a.step]
         name, busy = busiest(st)
-        latency = st["seconds"]["total"]
+        latency = st["seconds"]["refit"]
         label = a.labels[k] if a.labels and k < len(a.labels) else path
         print(f"{label}: step {st['step']} latency {latency:.3f} s, busiest stage {name} "
               f"{busy:.3f} s, ratio {latency / busy if busy else float('nan'):.2f}")

@@ -58,7 +58,7 @@ def parameters(row):
         "case": row["case"], "rate": row["rate"], "checkpoint": ckpt, "owners": owners,
         "link_rate": rep["link_rate"], "p": s["payload_bytes"] / ckpt,
         "k": busiest / s["payload_bytes"], "c": (ckpt / owners) / max(sec["build"], 1e-9),
-        "a": s["payload_bytes"] / max(sec["apply"], 1e-9), "latency": sec["total"],
+        "a": s["payload_bytes"] / max(sec["apply"], 1e-9), "latency": sec["refit"],
         "trainer_nodes": rep["trainer_nodes"], "rollout_nodes": rep["rollout_nodes"],
     }
 

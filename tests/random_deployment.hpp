@@ -148,7 +148,7 @@ std::vector<std::string> refits_with_backends_differ(int seed, Install install) 
     // The committed attempt (a failed one's figures depend on when it was fenced).
     const auto& x = a.attempts.back();
     const auto& y = c.attempts.back();
-    if (x.changed_elements != y.changed_elements || x.records != y.records ||
+    if (x.owners.changed_elements != y.owners.changed_elements || x.records != y.records ||
         x.payload_bytes != y.payload_bytes)
       fail("the committed attempt sent other payloads than without backends");
     backends.download();

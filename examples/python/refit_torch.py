@@ -152,7 +152,7 @@ def main(steps):
             t.join()
         line = {"step": step, "loss": float(loss.detach()), "committed": results["c"]["committed"],
                 "payload_bytes": sum(results[r]["payload_bytes"] for r in range(TP)),
-                "changed_elements": sum(results[r]["changed_elements"] for r in range(TP))}
+                "changed_elements": sum(results[r]["stats"]["changed_elements"] for r in range(TP))}
         for dtype, (m, rx, agent) in receivers.items():
             agent.wait_for(step, timeout=120)
             ref = references[dtype]

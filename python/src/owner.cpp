@@ -15,20 +15,9 @@ dcr::build_mode mode_from_name(const std::string& s) {
 
 nb::dict stats_dict(const dcr::owner_stats& s) {
   nb::dict d;
-  d["compared_bytes"] = s.compared_bytes;
-  d["changed_elements"] = s.changed_elements;
-  d["detect_seconds"] = s.detect_seconds;
-  d["project_seconds"] = s.project_seconds;
-  d["residual_compared_bytes"] = s.residual_compared_bytes;
-  d["residual_changed_inputs"] = s.residual_changed_inputs;
-  d["residual_conversions"] = s.residual_conversions;
-  d["residual_converted_bytes"] = s.residual_converted_bytes;
-  d["residual_changed_elements"] = s.residual_changed_elements;
-  d["convert_seconds"] = s.convert_seconds;
-  d["items"] = s.items;
-  d["residual_items"] = s.residual_items;
-  d["forced_overwrite_items"] = s.forced_overwrite_items;
-  d["encode_seconds"] = s.encode_seconds;
+#define DCR_PY_OWNER_STAT(type, name) d[#name] = s.name;
+  DCR_OWNER_STATS_FIELDS(DCR_PY_OWNER_STAT)
+#undef DCR_PY_OWNER_STAT
   return d;
 }
 

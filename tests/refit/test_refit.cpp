@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "dcr/protocol/plane/memory_control_plane.hpp"
+#include "dcr/protocol/records.hpp"
 #include "dcr/sim/deployment.hpp"
 
 namespace {
@@ -131,7 +133,7 @@ TEST_CASE("a refit with no changes sends no records and keeps every receiver exa
   const auto report = d.refit();
   REQUIRE(report.committed);
   CHECK(report.attempts[0].records == 0);
-  CHECK(report.attempts[0].changed_elements == 0);
+  CHECK(report.attempts[0].owners.changed_elements == 0);
   CHECK(d.verify_against_dense_refit() == "");
 }
 
@@ -312,4 +314,41 @@ TEST_CASE("payload bytes scale with changes, far below the checkpoint") {
   CHECK(r1.attempts[0].payload_bytes < checkpoint / 10);
   CHECK(r20.attempts[0].payload_bytes > 3 * r1.attempts[0].payload_bytes);
   CHECK(d.verify_against_dense_refit() == "");
+}
+
+TEST_CASE("pack_payloads: one sequence counter, the ids it reports are the ids in the bytes") {
+  std::vector<dcr::canonical_tensor> tensors;
+  for (int k = 0; k < 5; ++k) tensors.push_back({"t" + std::to_string(k), dcr::dtype::bf16, {64}});
+  const dcr::tensor_registry registry(tensors);
+  std::vector<dcr::item> items;
+  for (dcr::tensor_id t = 0; t < 5; ++t) {
+    std::vector<std::uint64_t> index(40);
+    for (std::size_t i = 0; i < index.size(); ++i) index[i] = i;
+    const std::vector<std::uint16_t> before(40, 0x3f80), after(40, static_cast<std::uint16_t>(0x3f81 + t));
+    items.push_back(dcr::make_item<std::uint16_t>(t, dcr::dtype::bf16, dcr::encoding::overwrite,
+                                                  index, before, after));
+  }
+  dcr::payload_header header;
+  header.id = {dcr::attempt_key{4, 5, 2}, 3, 7};  // an attempt's later chunk starts at 7
+  header.registry_fingerprint = registry.fingerprint();
+  dcr::payload_encoder encoder;
+  std::vector<std::vector<std::byte>> out;
+  std::vector<dcr::payload_id> ids;
+  // 40 records of 10 raw bytes per item: two items a payload at 800 bytes.
+  const std::uint32_t next = dcr::pack_payloads(registry, header, items, 800, encoder, out, &ids);
+  REQUIRE(out.size() == 3);
+  REQUIRE(ids.size() == 3);
+  CHECK(next == 10);
+  dcr::payload_decoder decoder;
+  std::vector<dcr::item> got;
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    const auto h = decoder.decode(out[k], registry, got);
+    CHECK(h.id == ids[k]);
+    CHECK(ids[k].sequence == 7 + k);
+    CHECK(ids[k].owner == 3);
+  }
+  // Nothing to pack: no payload, and the sequence stays where it was.
+  CHECK(dcr::pack_payloads(registry, header, {}, 800, encoder, out, &ids) == 7);
+  CHECK(out.empty());
+  CHECK(ids.empty());
 }

@@ -495,9 +495,9 @@ TEST_CASE("fused QKV source converted to canonical q/k/v, mixed with affine task
   auto report = g.refit();
   require_committed_once(report);
   CHECK(g.rebuilt_names() == qkv);
-  CHECK(report.attempts[0].residual_conversions == 3);
-  CHECK(report.attempts[0].residual_changed_inputs == 1);
-  CHECK(report.attempts[0].residual_changed_elements > 0);
+  CHECK(report.attempts[0].owners.residual_conversions == 3);
+  CHECK(report.attempts[0].owners.residual_changed_inputs == 1);
+  CHECK(report.attempts[0].owners.residual_changed_elements > 0);
   CHECK(g.verify() == "");
 
   // Only affine shards changed: no conversion runs.
@@ -505,8 +505,8 @@ TEST_CASE("fused QKV source converted to canonical q/k/v, mixed with affine task
   report = g.refit();
   require_committed_once(report);
   CHECK(g.rebuilt_names().empty());
-  CHECK(report.attempts[0].residual_conversions == 0);
-  CHECK(report.attempts[0].residual_items == 0);
+  CHECK(report.attempts[0].owners.residual_conversions == 0);
+  CHECK(report.attempts[0].owners.residual_items == 0);
   CHECK(report.attempts[0].records > 0);
   CHECK(g.verify() == "");
 
@@ -516,8 +516,8 @@ TEST_CASE("fused QKV source converted to canonical q/k/v, mixed with affine task
   report = g.refit();
   require_committed_once(report);
   CHECK(g.rebuilt_names() == qkv);
-  CHECK(report.attempts[0].residual_changed_elements == 1);
-  CHECK(report.attempts[0].residual_items == 1);
+  CHECK(report.attempts[0].owners.residual_changed_elements == 1);
+  CHECK(report.attempts[0].owners.residual_items == 1);
   CHECK(g.verify() == "");
 
   // Everything at once, several times, then nothing.
@@ -530,7 +530,7 @@ TEST_CASE("fused QKV source converted to canonical q/k/v, mixed with affine task
   report = g.refit();
   require_committed_once(report);
   CHECK(report.attempts[0].records == 0);
-  CHECK(report.attempts[0].residual_conversions == 0);
+  CHECK(report.attempts[0].owners.residual_conversions == 0);
   CHECK(g.version() == 7);
 }
 
@@ -569,7 +569,7 @@ TEST_CASE("stacked experts [E, out, in] per EP rank converted to per-expert tens
   auto report = g.refit();
   require_committed_once(report);
   CHECK(g.rebuilt_names() == std::set<std::string>{expert_name(3), expert_name(4), expert_name(5)});
-  CHECK(report.attempts[0].residual_items == 1);
+  CHECK(report.attempts[0].owners.residual_items == 1);
   CHECK(report.attempts[0].records == 1);
   CHECK(g.verify() == "");
 
@@ -583,7 +583,7 @@ TEST_CASE("stacked experts [E, out, in] per EP rank converted to per-expert tens
     for (auto s : stacks) g.perturb(s, 0.02);
     report = g.refit();
     require_committed_once(report);
-    CHECK(report.attempts[0].residual_conversions == static_cast<std::uint64_t>(experts));
+    CHECK(report.attempts[0].owners.residual_conversions == static_cast<std::uint64_t>(experts));
     CHECK(g.verify() == "");
   }
 }
@@ -611,10 +611,10 @@ TEST_CASE("tied weights: one source shard produces embed and lm_head") {
     const auto report = g.refit();
     require_committed_once(report);
     CHECK(g.rebuilt_names() == names({"lm_head.weight", "model.embed_tokens.weight"}));
-    CHECK(report.attempts[0].residual_items == 2);
+    CHECK(report.attempts[0].owners.residual_items == 2);
     // Both tensors carry the same changed elements.
-    CHECK(report.attempts[0].residual_changed_elements % 2 == 0);
-    CHECK(report.attempts[0].records == report.attempts[0].residual_changed_elements);
+    CHECK(report.attempts[0].owners.residual_changed_elements % 2 == 0);
+    CHECK(report.attempts[0].records == report.attempts[0].owners.residual_changed_elements);
     CHECK(g.verify() == "");
   }
 }
@@ -644,8 +644,8 @@ TEST_CASE("a changed shared scale factor rebuilds, compares and sends every tens
   auto report = g.refit();
   require_committed_once(report);
   CHECK(g.rebuilt_names() == std::set<std::string>(outs.begin(), outs.end()));
-  CHECK(report.attempts[0].residual_changed_inputs == 1);
-  CHECK(report.attempts[0].residual_items == 3);
+  CHECK(report.attempts[0].owners.residual_changed_inputs == 1);
+  CHECK(report.attempts[0].owners.residual_items == 3);
   CHECK(g.verify() == "");
 
   // Only the second weight changes: only its tensor is rebuilt.
@@ -663,7 +663,7 @@ TEST_CASE("a changed shared scale factor rebuilds, compares and sends every tens
   report = g.refit();
   require_committed_once(report);
   CHECK(g.rebuilt_names() == std::set<std::string>{outs[2]});
-  CHECK(report.attempts[0].residual_changed_elements == 1);
+  CHECK(report.attempts[0].owners.residual_changed_elements == 1);
   CHECK(g.verify() == "");
 
   // lambda moves by one fp32 ulp: every tensor is rebuilt and compared, but bf16 rounding hides
@@ -671,8 +671,8 @@ TEST_CASE("a changed shared scale factor rebuilds, compares and sends every tens
   set_lambda(std::nextafter(0.8125f, 1.0f));
   report = g.refit();
   require_committed_once(report);
-  CHECK(report.attempts[0].residual_conversions == 3);
-  CHECK(report.attempts[0].records == report.attempts[0].residual_changed_elements);
+  CHECK(report.attempts[0].owners.residual_conversions == 3);
+  CHECK(report.attempts[0].records == report.attempts[0].owners.residual_changed_elements);
   CHECK(g.verify() == "");
 
   // Nothing changed: nothing rebuilt.
@@ -714,8 +714,8 @@ TEST_CASE("padding removal: vocab rows padded to a multiple of 64 per TP rank so
     g.perturb_word(shards[1], static_cast<std::size_t>(row * hidden + row % hidden));
   auto report = g.refit();
   require_committed_once(report);
-  CHECK(report.attempts[0].residual_conversions == 1);
-  CHECK(report.attempts[0].residual_changed_elements == 0);
+  CHECK(report.attempts[0].owners.residual_conversions == 1);
+  CHECK(report.attempts[0].owners.residual_changed_elements == 0);
   CHECK(report.attempts[0].records == 0);
   CHECK(report.attempts[0].payloads == 0);
   CHECK(g.verify() == "");
@@ -725,7 +725,7 @@ TEST_CASE("padding removal: vocab rows padded to a multiple of 64 per TP rank so
     g.perturb(shards[1], 0.05);
     report = g.refit();
     require_committed_once(report);
-    CHECK(report.attempts[0].residual_changed_elements > 0);
+    CHECK(report.attempts[0].owners.residual_changed_elements > 0);
     CHECK(g.verify() == "");
   }
 }
@@ -795,7 +795,7 @@ TEST_CASE("the residual baseline moves only at the joint commit; a failed attemp
     CHECK(report.attempts[1].policy == dcr::encoding_policy::overwrite_only);
     // The retry rebuilds exactly the same changed set.
     CHECK(report.attempts[1].records == report.attempts[0].records);
-    CHECK(report.attempts[1].residual_conversions == 2);
+    CHECK(report.attempts[1].owners.residual_conversions == 2);
     CHECK(g.verify() == "");
   }
 
@@ -935,7 +935,7 @@ TEST_CASE("tensors a receiver takes only as overwrites are encoded as overwrites
     CHECK(report.overwrite_only_tensors == std::vector<tensor_id>{g.registry.id("a.weight"),
                                                                   g.registry.id("c.weight"),
                                                                   g.registry.id("tied.left")});
-    CHECK(report.attempts[0].forced_overwrite_items >= 2);  // a and c, from each owner of a part
+    CHECK(report.attempts[0].owners.forced_overwrite_items >= 2);  // a and c, from each owner of a part
     CHECK(g.verify() == "");
     // What went over the wire, from every owner.
     dcr::payload_decoder decoder;

@@ -187,11 +187,11 @@ TEST_CASE("delta refit equals dense refit over randomized trainer and engine lay
       const auto& a = report.attempts[0];
       if (rate == 0.0) CHECK(a.records == 0);
       if (rate == 1.0 && megatron) {
-        CHECK(a.residual_conversions == 3 * static_cast<std::uint64_t>(o.model.layers));
-        CHECK(a.residual_items > 0);
+        CHECK(a.owners.residual_conversions == 3 * static_cast<std::uint64_t>(o.model.layers));
+        CHECK(a.owners.residual_items > 0);
       }
       if (rate == 1.0 && !expected.empty() && ro.policy != dcr::encoding_policy::overwrite_only)
-        CHECK(a.forced_overwrite_items > 0);
+        CHECK(a.owners.forced_overwrite_items > 0);
       REQUIRE(d.verify_against_dense_refit() == "");
       REQUIRE(d.first_written_padding() == "");
     }
@@ -289,7 +289,7 @@ TEST_CASE("plain layouts: no residual task, no overwrite-only tensor, no padding
   d.trainer().stress_step(0.05);
   const auto report = d.refit();
   REQUIRE(report.committed);
-  CHECK(report.attempts[0].forced_overwrite_items == 0);
+  CHECK(report.attempts[0].owners.forced_overwrite_items == 0);
   CHECK(d.verify_against_dense_refit() == "");
 }
 

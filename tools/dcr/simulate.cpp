@@ -153,7 +153,8 @@ struct step_result {
   std::string mismatch;
   dcr::transition_report report;
   double verify_seconds = 0;
-  double wall_seconds = 0;
+  double wall_seconds = 0;        ///< the whole step: candidates, refit, verify
+  double candidates_seconds = 0;  ///< the synthetic trainer making the step's weights
 };
 
 const char* policy_name(dcr::encoding_policy p) {
@@ -169,104 +170,164 @@ const char* policy_name(dcr::encoding_policy p) {
 /// Changed canonical elements of an attempt: changed words of affine shards plus changed
 /// elements of rebuilt residual outputs (a fused QKV change shows up as a canonical change).
 std::uint64_t changed_elements(const dcr::attempt_report& a) {
-  return a.changed_elements + a.residual_changed_elements;
+  return a.owners.changed_elements + a.owners.residual_changed_elements;
 }
 
 /// Owner time spent on residual tasks: change flags, conversions, compares with the baseline.
 double residual_seconds(const dcr::attempt_report& a) {
-  return a.residual_detect_seconds + a.convert_seconds + a.residual_compare_seconds;
+  return a.owners.residual_detect_seconds + a.owners.convert_seconds + a.owners.residual_compare_seconds;
 }
 
-}  // namespace
 
-int simulate_main(const std::vector<std::string>& argv) {
-  arg_parser args(argv);
-  if (args.flag("-h") || args.flag("--help")) {
-    fmt::print("{}", usage);
-    return 0;
-  }
-  const std::uint64_t size = parse_size(args.value("--size", "1G"));
-  const auto steps = args.integer("--steps", 3);
-  const double rate = args.real("--change-rate", 0.01);
-  const auto seed = static_cast<std::uint64_t>(args.integer("--seed", 1));
+
+// ---- Flags: each group parsed into simulate_settings, each throws usage_error naming the flag.
+
+/// The model, the layouts and the codec: --size, --steps, --change-rate, --seed, --dtype, the
+/// TP/DP flags, --layout and its refinements, --tie, --apply-path, --encoding, --level,
+/// --bucket-mb, --device, --fault and --fault-step (the fault itself is checked here; where it
+/// may run, in check_modes).
+void parse_model_flags(arg_parser& args, simulate_settings& s) {
+  s.size = parse_size(args.value("--size", "1G"));
+  s.steps = args.integer("--steps", 3);
+  s.rate = args.real("--change-rate", 0.01);
+  s.seed = static_cast<std::uint64_t>(args.integer("--seed", 1));
   const auto dtype_text = args.value("--dtype", "bf16");
-  const int trainer_tp = static_cast<int>(args.integer("--trainer-tp", 2));
-  const int trainer_dp = static_cast<int>(args.integer("--trainer-dp", 2));
-  const int receiver_tp = static_cast<int>(args.integer("--receiver-tp", 4));
+  s.trainer_tp = static_cast<int>(args.integer("--trainer-tp", 2));
+  s.trainer_dp = static_cast<int>(args.integer("--trainer-dp", 2));
+  s.receiver_tp = static_cast<int>(args.integer("--receiver-tp", 4));
   const auto layout_text = args.value("--layout", "serving");
   const auto trainer_layout_text =
       args.value("--trainer-layout", layout_text == "plain" ? "plain" : "megatron");
   const auto engine_layout_text = args.value("--engine-layout", layout_text);
   const auto tie_text = args.value("--tie", "none");
-  const auto apply_path_text = args.value("--apply-path", "compiled");
+  s.apply_path_text = args.value("--apply-path", "compiled");
   const auto encoding_text = args.value("--encoding", "mixed");
   const int level = static_cast<int>(args.integer("--level", 1));
   const auto bucket_mb = args.integer("--bucket-mb", 64);
-  const auto fault_text = args.value("--fault", "none");
-  const auto fault_step = args.integer("--fault-step", 2);
-  const bool json = args.flag("--json");
-  const auto device_text = args.value("--device", "cpu");
-  simulate_settings ps;
-  ps.argv = argv;
-  ps.commit = args.value("--commit", "file");
-  ps.store = args.value("--store", "");
-  ps.transport = args.value("--transport", "file");
-  ps.reference = args.flag("--reference");
-  ps.trainer_nodes = static_cast<int>(args.integer("--trainer-nodes", 1));
-  ps.rollout_nodes = static_cast<int>(args.integer("--rollout-nodes", 1));
+  s.fault = args.value("--fault", "none");
+  s.fault_step = args.integer("--fault-step", 2);
+
+  std::optional<dcr::dtype> type;
+  if (dtype_text == "bf16") type = dcr::dtype::bf16;
+  if (dtype_text == "f16") type = dcr::dtype::f16;
+  if (dtype_text == "f32") type = dcr::dtype::f32;
+  if (!type) throw usage_error("--dtype must be bf16, f16 or f32");
+  if (s.steps < 0) throw usage_error("--steps must be >= 0");
+  if (!(s.rate >= 0 && s.rate <= 1)) throw usage_error("--change-rate must be in [0, 1]");
+  if (s.trainer_tp < 1 || s.trainer_dp < 1 || s.receiver_tp < 1)
+    throw usage_error("--trainer-tp, --trainer-dp and --receiver-tp must be >= 1");
+  if (bucket_mb < 1) throw usage_error("--bucket-mb must be >= 1");
+  if (layout_text != "serving" && layout_text != "plain")
+    throw usage_error("--layout must be serving or plain");
+  s.trainer_layout = dcr::sim::trainer_layout::megatron;
+  if (trainer_layout_text == "plain") s.trainer_layout = dcr::sim::trainer_layout::plain;
+  else if (trainer_layout_text != "megatron")
+    throw usage_error("--trainer-layout must be megatron or plain");
+  s.engine_layout = dcr::sim::engine_layout::serving;
+  if (engine_layout_text == "plain") s.engine_layout = dcr::sim::engine_layout::plain;
+  else if (engine_layout_text != "serving")
+    throw usage_error("--engine-layout must be serving or plain");
+  dcr::sim::embedding_tie tie = dcr::sim::embedding_tie::none;
+  if (tie_text == "omit-lm-head") tie = dcr::sim::embedding_tie::omit_lm_head;
+  else if (tie_text == "store-both") tie = dcr::sim::embedding_tie::store_both;
+  else if (tie_text != "none") throw usage_error("--tie must be none, omit-lm-head or store-both");
+  s.path = dcr::apply_path::compiled;
+  if (s.apply_path_text == "general") s.path = dcr::apply_path::general;
+  else if (s.apply_path_text != "compiled")
+    throw usage_error("--apply-path must be compiled or general");
+  if (encoding_text == "mixed") s.options.policy = dcr::encoding_policy::mixed;
+  else if (encoding_text == "xor") s.options.policy = dcr::encoding_policy::xor_only;
+  else if (encoding_text == "ulp") s.options.policy = dcr::encoding_policy::ulp_only;
+  else if (encoding_text == "overwrite") s.options.policy = dcr::encoding_policy::overwrite_only;
+  else throw usage_error("--encoding must be mixed, xor, ulp or overwrite");
+  s.options.codec.zstd_level = level;
+  s.options.bucket_bytes = static_cast<std::size_t>(bucket_mb) << 20;
+  s.model = dcr::sim::moe_config::for_bytes(s.size, *type);
+  s.model.tie_embeddings = tie;
   try {
-    ps.link_rate = dcr::parse_link_rate(args.value("--link-rate", "0"));
+    s.device = parse_device(args.value("--device", "cpu"));
+  } catch (const dcr::error& e) {
+    throw usage_error(dcr::error_text(e));
+  }
+  if (s.device == dcr::exec::device_kind::cuda && s.path == dcr::apply_path::general)
+    throw usage_error("--device cuda applies on the compiled path (not --apply-path general, whose "
+                      "loader writes host storage)");
+  if (s.fault != "none" && s.fault != "duplicate" && s.fault != "corrupt" &&
+      s.fault != "drop-receiver" && s.fault != "reorder" && s.fault != "delay" &&
+      s.fault != "stale")
+    throw usage_error("--fault must be none, duplicate, corrupt, drop-receiver, reorder, delay or stale");
+}
+
+/// Where the processes meet and how payloads travel: --commit, --store, --transport and its
+/// S3 and relay flags, --link-rate, the node counts, --reference.
+void parse_transport_flags(arg_parser& args, simulate_settings& s) {
+  s.commit = args.value("--commit", "file");
+  s.store = args.value("--store", "");
+  s.transport = args.value("--transport", "file");
+  s.reference = args.flag("--reference");
+  s.trainer_nodes = static_cast<int>(args.integer("--trainer-nodes", 1));
+  s.rollout_nodes = static_cast<int>(args.integer("--rollout-nodes", 1));
+  try {
+    s.link_rate = dcr::parse_link_rate(args.value("--link-rate", "0"));
   } catch (const dcr::error& e) {
     throw usage_error(std::string("--link-rate: ") + dcr::error_text(e));
   }
-  if (ps.trainer_nodes < 1 || ps.rollout_nodes < 1)
+  if (s.trainer_nodes < 1 || s.rollout_nodes < 1)
     throw usage_error("--trainer-nodes and --rollout-nodes must be at least 1");
-  ps.s3_endpoint = args.value("--s3-endpoint", "");
-  ps.s3_region = args.value("--s3-region", "");
-  ps.s3_addressing = args.value("--s3-addressing", "");
+  s.s3_endpoint = args.value("--s3-endpoint", "");
+  s.s3_region = args.value("--s3-region", "");
+  s.s3_addressing = args.value("--s3-addressing", "");
   const auto ca_bundle = args.value("--s3-ca-bundle", "");
-  ps.s3_fanout = args.flag("--s3-fanout");
+  s.s3_fanout = args.flag("--s3-fanout");
   const auto parallel_gets = args.integer("--s3-parallel-gets", -1);  // -1: not given
   const auto multipart_mb = args.integer("--s3-multipart-mb", -1);
-  if (parallel_gets != -1) ps.s3_parallel_gets = static_cast<int>(parallel_gets);
-  if (multipart_mb != -1) ps.s3_multipart_mb = multipart_mb;
-  if (ps.transport.rfind("s3://", 0) == 0) {
+  if (parallel_gets != -1) s.s3_parallel_gets = static_cast<int>(parallel_gets);
+  if (multipart_mb != -1) s.s3_multipart_mb = multipart_mb;
+  if (s.transport.rfind("s3://", 0) == 0) {
     try {
-      dcr::parse_s3_url(ps.transport);
+      dcr::parse_s3_url(s.transport);
     } catch (const dcr::error& e) {
       throw usage_error("--transport: " + dcr::error_text(e));
     }
-    if (!ps.s3_addressing.empty() && ps.s3_addressing != "path" && ps.s3_addressing != "virtual")
+    if (!s.s3_addressing.empty() && s.s3_addressing != "path" && s.s3_addressing != "virtual")
       throw usage_error("--s3-addressing must be path or virtual");
-    if (ps.s3_parallel_gets < 1 || ps.s3_parallel_gets > 64)
+    if (s.s3_parallel_gets < 1 || s.s3_parallel_gets > 64)
       throw usage_error("--s3-parallel-gets must be 1 to 64");
-    if (ps.s3_multipart_mb < 5) throw usage_error("--s3-multipart-mb must be at least 5 (S3's smallest part)");
-    if (!ps.store.empty()) throw usage_error("--store is the file transport's directory (not with --transport s3://...)");
+    if (s.s3_multipart_mb < 5) throw usage_error("--s3-multipart-mb must be at least 5 (S3's smallest part)");
+    if (!s.store.empty()) throw usage_error("--store is the file transport's directory (not with --transport s3://...)");
     // The environment carries it to every process of the run (s3_options::from_environment).
     if (!ca_bundle.empty()) ::setenv("AWS_CA_BUNDLE", ca_bundle.c_str(), 1);
-  } else if (ps.transport != "file" && ps.transport != "relay") {
+  } else if (s.transport != "file" && s.transport != "relay") {
     throw usage_error("--transport must be file, relay or s3://BUCKET[/PREFIX]");
-  } else if (!ps.s3_endpoint.empty() || !ps.s3_region.empty() || !ps.s3_addressing.empty() ||
-             !ca_bundle.empty() || ps.s3_fanout || parallel_gets != -1 || multipart_mb != -1) {
+  } else if (!s.s3_endpoint.empty() || !s.s3_region.empty() || !s.s3_addressing.empty() ||
+             !ca_bundle.empty() || s.s3_fanout || parallel_gets != -1 || multipart_mb != -1) {
     throw usage_error("the --s3-* options need --transport s3://BUCKET[/PREFIX]");
   }
-  ps.relay_roots = static_cast<int>(args.integer("--relay-roots", 4));
-  ps.relay_flows = static_cast<int>(args.integer("--relay-flows", 1));
-  ps.relay_port_base = static_cast<int>(args.integer("--relay-port-base", 0));
-  ps.relay_certs = args.value("--relay-certs", "");
-  if (ps.relay_roots < 1 || ps.relay_flows < 1)
+  s.relay_roots = static_cast<int>(args.integer("--relay-roots", 4));
+  s.relay_flows = static_cast<int>(args.integer("--relay-flows", 1));
+  s.relay_port_base = static_cast<int>(args.integer("--relay-port-base", 0));
+  s.relay_certs = args.value("--relay-certs", "");
+  if (s.relay_roots < 1 || s.relay_flows < 1)
     throw usage_error("--relay-roots and --relay-flows must be at least 1");
-  if (ps.relay_port_base < 0 || ps.relay_port_base > 65535)
+  if (s.relay_port_base < 0 || s.relay_port_base > 65535)
     throw usage_error("--relay-port-base must be a port number");
-  ps.keep = args.flag("--keep");
-  ps.asynchronous = args.flag("--async");
-  ps.pipelined = !args.flag("--no-pipeline");
+}
+
+/// How the processes run: --keep, --async, --no-pipeline, --verify, --commit-outage, --timeout.
+void parse_run_flags(arg_parser& args, simulate_settings& s) {
+  s.keep = args.flag("--keep");
+  s.asynchronous = args.flag("--async");
+  s.pipelined = !args.flag("--no-pipeline");
   const auto verify_text = args.value("--verify", "every");
   if (verify_text != "every" && verify_text != "last")
     throw usage_error("--verify must be every or last");
-  ps.verify_every = verify_text == "every";
-  ps.commit_outage = args.integer("--commit-outage", -1);
-  ps.timeout_seconds = args.real("--timeout", 300);
+  s.verify_every = verify_text == "every";
+  s.commit_outage = args.integer("--commit-outage", -1);
+  s.timeout_seconds = args.real("--timeout", 300);
+}
+
+/// Planned disruptions: --kill (repeatable) and --chaos SEED with --chaos-kills.
+void parse_disruption_flags(arg_parser& args, simulate_settings& s) {
   for (std::string k = args.value("--kill", ""); !k.empty(); k = args.value("--kill", "")) {
     const auto colon = k.find(':');
     if (colon == std::string::npos) throw usage_error("--kill needs ROLE[/ID]:STEP, got '" + k + "'");
@@ -277,141 +338,252 @@ int simulate_main(const std::vector<std::string>& argv) {
       kr.role = kr.role.substr(0, slash);
     }
     if (kr.role != "receiver" && kr.role != "owner" && kr.role != "coordinator" &&
-        !(kr.role == "relay-root" && ps.transport == "relay"))
+        !(kr.role == "relay-root" && s.transport == "relay"))
       throw usage_error("--kill: ROLE must be receiver, owner or coordinator (or relay-root with --transport relay)");
     kr.step = std::stoll(k.substr(colon + 1));
-    ps.kills.push_back(kr);
+    s.kills.push_back(kr);
   }
   if (const auto chaos = args.value("--chaos", ""); !chaos.empty()) {
     std::size_t end = 0;
     try {
-      if (chaos[0] != '-') ps.chaos_seed = std::stoull(chaos, &end);
+      if (chaos[0] != '-') s.chaos_seed = std::stoull(chaos, &end);
     } catch (const std::exception&) {
     }
-    if (!ps.chaos_seed || end != chaos.size())
+    if (!s.chaos_seed || end != chaos.size())
       throw usage_error("--chaos needs a seed (an integer >= 0), got '" + chaos + "'");
   }
-  ps.chaos_kills = static_cast<int>(args.integer("--chaos-kills", -1));
-  if (ps.chaos_kills != -1 && !ps.chaos_seed) throw usage_error("--chaos-kills needs --chaos SEED");
-  if (ps.chaos_seed && ps.chaos_kills < -1) throw usage_error("--chaos-kills must be >= 0");
-  ps.role = args.value("--role", "");
-  ps.id = static_cast<int>(args.integer("--id", 0));
-  ps.workdir = args.value("--workdir", "");
-  ps.restarted = args.flag("--restarted");
-  const bool in_process = args.flag("--in-process") || ps.commit == "memory";
-  args.finish();
-  if (ps.commit != "file" && ps.commit != "memory" && ps.commit.rfind("file:", 0) != 0 &&
-      ps.commit.rfind("etcd://", 0) != 0 && ps.commit.rfind("etcds://", 0) != 0)
+  s.chaos_kills = static_cast<int>(args.integer("--chaos-kills", -1));
+  if (s.chaos_kills != -1 && !s.chaos_seed) throw usage_error("--chaos-kills needs --chaos SEED");
+  if (s.chaos_seed && s.chaos_kills < -1) throw usage_error("--chaos-kills must be >= 0");
+}
+
+/// What the parent tells an agent process it starts: --role, --id, --workdir, --restarted.
+void parse_agent_flags(arg_parser& args, simulate_settings& s) {
+  s.role = args.value("--role", "");
+  s.id = static_cast<int>(args.integer("--id", 0));
+  s.workdir = args.value("--workdir", "");
+  s.restarted = args.flag("--restarted");
+}
+
+/// The combinations of flags a run cannot honour (in one process, or beside --chaos).
+void check_modes(const simulate_settings& s, bool in_process) {
+  if (s.commit != "file" && s.commit != "memory" && s.commit.rfind("file:", 0) != 0 &&
+      s.commit.rfind("etcd://", 0) != 0 && s.commit.rfind("etcds://", 0) != 0)
     throw usage_error("--commit must be file[:DIR], etcd[s]://HOST:PORT[/PREFIX][?OPTIONS] or memory");
-  if (in_process && (ps.transport != "file" || ps.link_rate > 0 || ps.trainer_nodes > 1 ||
-                     ps.rollout_nodes > 1 || ps.reference))
+  if (in_process && (s.transport != "file" || s.link_rate > 0 || s.trainer_nodes > 1 ||
+                     s.rollout_nodes > 1 || s.reference))
     throw usage_error("--transport, --link-rate, --reference and the node options need separate processes (not --in-process)");
-  if (in_process && (!ps.kills.empty() || ps.commit_outage >= 0 || ps.asynchronous))
+  if (in_process && (!s.kills.empty() || s.commit_outage >= 0 || s.asynchronous))
     throw usage_error("--kill, --commit-outage and --async need separate processes (not --in-process)");
-  if (in_process && ps.chaos_seed)
+  if (in_process && s.chaos_seed)
     throw usage_error("--chaos needs separate processes (not --in-process)");
-  if (ps.chaos_seed && (!ps.kills.empty() || ps.commit_outage >= 0 || fault_text != "none"))
+  if (s.chaos_seed && (!s.kills.empty() || s.commit_outage >= 0 || s.fault != "none"))
     throw usage_error("--chaos draws its own kills, outage and corrupted payload (not with --kill, "
                       "--commit-outage or --fault)");
-  if (in_process && (fault_text == "reorder" || fault_text == "delay" || fault_text == "stale"))
-    throw usage_error("--fault " + fault_text + " needs separate processes (not --in-process)");
+  if (in_process && (s.fault == "reorder" || s.fault == "delay" || s.fault == "stale"))
+    throw usage_error("--fault " + s.fault + " needs separate processes (not --in-process)");
+}
 
-  std::optional<dcr::dtype> type;
-  if (dtype_text == "bf16") type = dcr::dtype::bf16;
-  if (dtype_text == "f16") type = dcr::dtype::f16;
-  if (dtype_text == "f32") type = dcr::dtype::f32;
-  if (!type) throw usage_error("--dtype must be bf16, f16 or f32");
-  if (steps < 0) throw usage_error("--steps must be >= 0");
-  if (!(rate >= 0 && rate <= 1)) throw usage_error("--change-rate must be in [0, 1]");
-  if (trainer_tp < 1 || trainer_dp < 1 || receiver_tp < 1)
-    throw usage_error("--trainer-tp, --trainer-dp and --receiver-tp must be >= 1");
-  if (bucket_mb < 1) throw usage_error("--bucket-mb must be >= 1");
-  if (layout_text != "serving" && layout_text != "plain")
-    throw usage_error("--layout must be serving or plain");
-  dcr::sim::trainer_layout trainer_layout = dcr::sim::trainer_layout::megatron;
-  if (trainer_layout_text == "plain") trainer_layout = dcr::sim::trainer_layout::plain;
-  else if (trainer_layout_text != "megatron")
-    throw usage_error("--trainer-layout must be megatron or plain");
-  dcr::sim::engine_layout engine_layout = dcr::sim::engine_layout::serving;
-  if (engine_layout_text == "plain") engine_layout = dcr::sim::engine_layout::plain;
-  else if (engine_layout_text != "serving")
-    throw usage_error("--engine-layout must be serving or plain");
-  dcr::sim::embedding_tie tie = dcr::sim::embedding_tie::none;
-  if (tie_text == "omit-lm-head") tie = dcr::sim::embedding_tie::omit_lm_head;
-  else if (tie_text == "store-both") tie = dcr::sim::embedding_tie::store_both;
-  else if (tie_text != "none") throw usage_error("--tie must be none, omit-lm-head or store-both");
-  dcr::apply_path path = dcr::apply_path::compiled;
-  if (apply_path_text == "general") path = dcr::apply_path::general;
-  else if (apply_path_text != "compiled")
-    throw usage_error("--apply-path must be compiled or general");
-  dcr::refit_options options;
-  if (encoding_text == "mixed") options.policy = dcr::encoding_policy::mixed;
-  else if (encoding_text == "xor") options.policy = dcr::encoding_policy::xor_only;
-  else if (encoding_text == "ulp") options.policy = dcr::encoding_policy::ulp_only;
-  else if (encoding_text == "overwrite") options.policy = dcr::encoding_policy::overwrite_only;
-  else throw usage_error("--encoding must be mixed, xor, ulp or overwrite");
-  options.codec.zstd_level = level;
-  options.bucket_bytes = static_cast<std::size_t>(bucket_mb) << 20;
+/// The parent, before any process starts: can the device run here? (Agent processes were
+/// started by a parent that checked.) --device cuda never falls back to the CPU. Returns the
+/// exit status when it cannot, after saying why (as JSON too with --json).
+std::optional<int> refuse_unavailable_device(simulate_settings& s) {
+  if (!s.role.empty()) return std::nullopt;
   try {
-    ps.device = parse_device(device_text);
+    s.device_description = select_device(s.device).description;
+    return std::nullopt;
   } catch (const dcr::error& e) {
-    throw usage_error(dcr::error_text(e));
+    if (e.dcr_code() != dcr::errc::device_error) throw;
+    if (s.json)
+      fmt::print("{}\n",
+                 ojson{{"error", {{"code", "device_error"}, {"message", dcr::error_text(e)}}},
+                       {"device", dcr::exec::device_name(s.device)},
+                       {"exit_status", device_unavailable_status}}
+                     .dump(-1, ' ', false, ojson::error_handler_t::replace));
+    fmt::print(stderr, "dcr simulate: error [{}]: {}\n", e.code().message(), dcr::error_text(e));
+    return device_unavailable_status;
   }
-  const bool cuda = ps.device == dcr::exec::device_kind::cuda;
-  if (cuda && path == dcr::apply_path::general)
-    throw usage_error("--device cuda applies on the compiled path (not --apply-path general, whose "
-                      "loader writes host storage)");
-  if (fault_text != "none" && fault_text != "duplicate" && fault_text != "corrupt" &&
-      fault_text != "drop-receiver" && fault_text != "reorder" && fault_text != "delay" &&
-      fault_text != "stale")
-    throw usage_error("--fault must be none, duplicate, corrupt, drop-receiver, reorder, delay or stale");
+}
 
-  // Before any process starts: can the device run here? (Agent processes were started by a
-  // parent that checked.) --device cuda never falls back to the CPU.
-  if (ps.role.empty()) {
-    try {
-      const auto selection = select_device(ps.device);
-      ps.device_description = selection.description;
-    } catch (const dcr::error& e) {
-      if (e.dcr_code() != dcr::errc::device_error) throw;
-      if (json)
-        fmt::print("{}\n",
-                   ojson{{"error", {{"code", "device_error"}, {"message", dcr::error_text(e)}}},
-                         {"device", dcr::exec::device_name(ps.device)},
-                         {"exit_status", device_unavailable_status}}
-                       .dump(-1, ' ', false, ojson::error_handler_t::replace));
-      fmt::print(stderr, "dcr simulate: error [{}]: {}\n", e.code().message(), dcr::error_text(e));
-      return device_unavailable_status;
+/// `dcr simulate --in-process`: one process plays every role over the in-memory plane and store
+/// (dcr::sim::in_process_deployment); each step is refit, then checked against a dense refit.
+/// Returns the exit status.
+/// What the in-process report says about the deployment besides the steps.
+struct in_process_facts {
+  std::uint64_t checkpoint_bytes = 0;
+  std::size_t canonical_tensors = 0;
+  dcr::sim::moe_config config;
+  dcr::task_coverage coverage;
+  std::size_t overwrite_only_tensors = 0;
+  std::size_t residual_tasks = 0;
+  std::string detect_on, apply_on;  ///< where owners detect and receivers apply
+  double setup_seconds = 0;
+};
+
+/// The in-process run's report: JSON with --json, else the summary over the steps (each step's
+/// line was printed as it ran). Returns the exit status.
+int report_in_process(const simulate_settings& s, const in_process_facts& facts,
+                      const std::vector<step_result>& results, bool all_ok) {
+  const auto& ps = s;
+  const double rate = s.rate;
+  const auto seed = s.seed;
+  const int trainer_tp = s.trainer_tp, trainer_dp = s.trainer_dp, receiver_tp = s.receiver_tp;
+  const auto trainer_layout = s.trainer_layout;
+  const auto engine_layout = s.engine_layout;
+  const auto tie = s.model.tie_embeddings;
+  const auto& apply_path_text = s.apply_path_text;
+  const auto& options = s.options;
+  const int level = s.options.codec.zstd_level;
+  const bool json = s.json;
+  const auto checkpoint_bytes = facts.checkpoint_bytes;
+  const auto& config = facts.config;
+  const auto& coverage = facts.coverage;
+  const auto& detect_on = facts.detect_on;
+  const auto& apply_on = facts.apply_on;
+  const auto residual_tasks = facts.residual_tasks;
+  const auto setup_seconds = facts.setup_seconds;
+  // ---- Report.
+  if (json) {
+    ojson out;
+    out["checkpoint_bytes"] = checkpoint_bytes;
+    out["canonical_tensors"] = facts.canonical_tensors;
+    out["config"] = {{"dtype", std::string(dcr::dtype_name(config.type))},
+                     {"layers", config.layers},
+                     {"hidden", config.hidden},
+                     {"experts", config.experts},
+                     {"trainer_tp", trainer_tp},
+                     {"trainer_dp", trainer_dp},
+                     {"receiver_tp", receiver_tp},
+                     {"change_rate", rate},
+                     {"seed", seed},
+                     {"encoding", policy_name(options.policy)},
+                     {"zstd_level", level},
+                     {"trainer_layout", dcr::sim::layout_name(trainer_layout)},
+                     {"engine_layout", dcr::sim::layout_name(engine_layout)},
+                     {"tie_embeddings", dcr::sim::tie_name(tie)},
+                     {"apply_path", apply_path_text}};
+    out["apply_path"] = apply_path_text;
+    out["affine_share"] = coverage.affine_share();
+    out["coverage"] = {{"affine_bytes", coverage.affine_bytes},
+                       {"residual_bytes", coverage.residual_bytes},
+                       {"uncovered_bytes", coverage.uncovered_bytes}};
+    out["residual_tasks"] = residual_tasks;
+    out["overwrite_only_tensors"] = facts.overwrite_only_tensors;
+    out["device"] = {{"requested", dcr::exec::device_name(ps.device)},
+                     {"description", ps.device_description}};
+    out["stage_devices"] = {{"detect", detect_on}, {"project", detect_on},
+                            {"tracker_update", detect_on}, {"residual", "cpu"},
+                            {"encode", "cpu"},     {"compress", "cpu"},
+                            {"decode", "cpu"},     {"apply", apply_on},
+                            {"verify", "cpu"}};
+    out["setup_seconds"] = setup_seconds;
+    ojson& steps_json = out["steps"] = ojson::array();
+    for (const auto& r : results) {
+      std::uint64_t bytes = 0, payloads = 0;
+      for (const auto& a : r.report.attempts) {
+        bytes += a.payload_bytes;
+        payloads += a.payloads;
+      }
+      const auto& last = r.report.attempts.back();
+      const std::uint64_t changed = changed_elements(last);
+      ojson failures = ojson::array();
+      for (const auto& a : r.report.attempts)
+        if (!a.failure.empty()) failures.push_back(a.failure);
+      ojson step{{"step", r.step},
+                 {"bit_exact", r.bit_exact},
+                 {"committed", r.committed},
+                 {"attempts", r.report.attempts.size()},
+                 {"payloads", payloads},
+                 {"payload_bytes", bytes},
+                 {"changed_elements", changed},
+                 {"residual_changed_elements", last.owners.residual_changed_elements},
+                 {"records", last.records},
+                 {"residual_items", last.owners.residual_items},
+                 {"forced_overwrite_items", last.owners.forced_overwrite_items},
+                 {"bytes_per_changed", changed ? static_cast<double>(bytes) / changed : 0.0},
+                 {"ratio_to_checkpoint", static_cast<double>(bytes) / checkpoint_bytes},
+                 {"seconds",
+                  {{"refit", r.report.seconds},
+                   {"waiting_for_candidates", r.candidates_seconds},
+                   {"detect", last.owners.detect_seconds},
+                   {"project", last.owners.project_seconds},
+                   {"residual", residual_seconds(last)},
+                   {"encode", last.owners.encode_seconds},
+                   {"compress", last.compress_seconds},
+                   {"apply", last.apply_seconds},
+                   {"commit", last.commit_seconds},
+                   {"verify", r.verify_seconds},
+                   {"step", r.wall_seconds}}},
+                 {"failures", std::move(failures)}};
+      if (!r.mismatch.empty()) step["mismatch"] = r.mismatch;
+      steps_json.push_back(std::move(step));
     }
+    out["all_bit_exact"] = all_ok;
+    // Invalid UTF-8 in a message (bytes from a payload, say) becomes U+FFFD, never an exception.
+    fmt::print("{}\n", out.dump(2, ' ', false, ojson::error_handler_t::replace));
+  } else if (!results.empty()) {
+    std::uint64_t changed = 0, bytes = 0, records = 0;
+    double detect = 0, project = 0, residual = 0, encode = 0, compress = 0, apply = 0, commit = 0,
+           verify = 0;
+    for (const auto& r : results) {
+      for (const auto& a : r.report.attempts) {
+        bytes += a.payload_bytes;
+        detect += a.owners.detect_seconds;
+        project += a.owners.project_seconds;
+        residual += residual_seconds(a);
+        encode += a.owners.encode_seconds;
+        compress += a.compress_seconds;
+        apply += a.apply_seconds;
+        commit += a.commit_seconds;
+      }
+      changed += changed_elements(r.report.attempts.back());
+      records += r.report.attempts.back().records;
+      verify += r.verify_seconds;
+    }
+    const double n = static_cast<double>(results.size());
+    fmt::print("\nsummary over {} step(s)\n", results.size());
+    fmt::print("  {:<34} {:>16}\n", "checkpoint bytes", checkpoint_bytes);
+    fmt::print("  {:<34} {:>15.2f}%\n", "affine share of checkpoint bytes",
+               100.0 * coverage.affine_share());
+    fmt::print("  {:<34} {:>16}\n", "overwrite-only tensors", facts.overwrite_only_tensors);
+    fmt::print("  {:<34} {:>16}\n", "apply path", apply_path_text);
+    fmt::print("  {:<34} {:>16.0f}\n", "changed elements / step", changed / n);
+    fmt::print("  {:<34} {:>16.0f}\n", "records / step", records / n);
+    fmt::print("  {:<34} {:>16.0f}\n", "payload bytes / step", bytes / n);
+    fmt::print("  {:<34} {:>16.3f}\n", "bytes per changed element",
+               changed ? static_cast<double>(bytes) / changed : 0.0);
+    fmt::print("  {:<34} {:>15.3f}%\n", "payload / checkpoint", 100.0 * bytes / n / checkpoint_bytes);
+    fmt::print("  {:<34} {:>15.1f}x\n", "fewer bytes than full checkpoint",
+               bytes ? checkpoint_bytes * n / bytes : 0.0);
+    fmt::print("  stage seconds / step: detect {:.3f}  project {:.3f}  residual {:.3f}  encode {:.3f}"
+               "  compress {:.3f}  apply {:.3f}  commit {:.3f}  (verify {:.3f})\n",
+               detect / n, project / n, residual / n, encode / n, compress / n, apply / n,
+               commit / n, verify / n);
+    fmt::print("  result: {}\n", all_ok ? "every step bit-exact" : "NOT bit-exact");
   }
+  return all_ok ? 0 : 1;
+}
 
-  if (!in_process) {
-    ps.size = size;
-    ps.steps = steps;
-    ps.rate = rate;
-    ps.seed = seed;
-    ps.model = dcr::sim::moe_config::for_bytes(size, *type);
-    ps.model.tie_embeddings = tie;
-    ps.trainer_tp = trainer_tp;
-    ps.trainer_dp = trainer_dp;
-    ps.receiver_tp = receiver_tp;
-    ps.trainer_layout = trainer_layout;
-    ps.engine_layout = engine_layout;
-    ps.path = path;
-    ps.apply_path_text = apply_path_text;
-    ps.options = options;
-    ps.fault = fault_text;
-    ps.fault_step = fault_step;
-    ps.json = json;
-    if (!ps.role.empty()) return run_simulate_agent(ps);
-    return run_simulate_processes(ps);
-  }
-
+int run_in_process(const simulate_settings& s) {
+  // The settings under the names the report uses.
+  const auto& ps = s;
+  const auto steps = s.steps;
+  const double rate = s.rate;
+  const auto seed = s.seed;
+  const int trainer_tp = s.trainer_tp, trainer_dp = s.trainer_dp, receiver_tp = s.receiver_tp;
+  const auto trainer_layout = s.trainer_layout;
+  const auto engine_layout = s.engine_layout;
+  const auto tie = s.model.tie_embeddings;
+  const auto path = s.path;
+  const auto& apply_path_text = s.apply_path_text;
+  const auto& options = s.options;
+  const auto& fault_text = s.fault;
+  const auto fault_step = s.fault_step;
+  const bool json = s.json;
   // ---- Model, trainer, owners, receivers (dense-loaded with version 0), commit record.
   const auto setup_start = clock_type::now();
   dcr::sim::deployment_options setup;
-  setup.model = dcr::sim::moe_config::for_bytes(size, *type);
-  setup.model.tie_embeddings = tie;
+  setup.model = s.model;
   setup.trainer = trainer_layout;
   setup.engine = engine_layout;
   setup.path = path;
@@ -475,6 +647,7 @@ int simulate_main(const std::vector<std::string>& argv) {
     step_result res;
     res.step = static_cast<std::uint64_t>(step);
     deployment.trainer().stress_step(rate);
+    res.candidates_seconds = seconds_since(step_start);
     using dcr::testing::delivery_fault;
     dcr::testing::receiver_fault_plan faults;
     if (step == fault_step && fault_text != "none") {
@@ -502,9 +675,10 @@ int simulate_main(const std::vector<std::string>& argv) {
       for (const auto& a : res.report.attempts) bytes += a.payload_bytes;
       const std::uint64_t changed = changed_elements(res.report.attempts.back());
       fmt::print("step {:>3}: {:>11} changed  {:>12} payload bytes  {:.3f} B/changed  "
-                 "{} attempt(s)  {}{}\n",
+                 "{} attempt(s)  refit {:.3f} s  (candidates {:.3f} s)  {}{}\n",
                  step, changed, bytes, changed ? static_cast<double>(bytes) / changed : 0.0,
-                 res.report.attempts.size(), res.bit_exact ? "bit-exact" : "MISMATCH",
+                 res.report.attempts.size(), res.report.seconds, res.candidates_seconds,
+                 res.bit_exact ? "bit-exact" : "MISMATCH",
                  res.mismatch.empty() ? "" : " (" + res.mismatch + ")");
       for (const auto& a : res.report.attempts)
         if (!a.failure.empty())
@@ -513,124 +687,36 @@ int simulate_main(const std::vector<std::string>& argv) {
     results.push_back(std::move(res));
   }
 
-  // ---- Report.
-  if (json) {
-    ojson out;
-    out["checkpoint_bytes"] = checkpoint_bytes;
-    out["canonical_tensors"] = registry.size();
-    out["config"] = {{"dtype", std::string(dcr::dtype_name(config.type))},
-                     {"layers", config.layers},
-                     {"hidden", config.hidden},
-                     {"experts", config.experts},
-                     {"trainer_tp", trainer_tp},
-                     {"trainer_dp", trainer_dp},
-                     {"receiver_tp", receiver_tp},
-                     {"change_rate", rate},
-                     {"seed", seed},
-                     {"encoding", policy_name(options.policy)},
-                     {"zstd_level", level},
-                     {"trainer_layout", dcr::sim::layout_name(trainer_layout)},
-                     {"engine_layout", dcr::sim::layout_name(engine_layout)},
-                     {"tie_embeddings", dcr::sim::tie_name(tie)},
-                     {"apply_path", apply_path_text}};
-    out["apply_path"] = apply_path_text;
-    out["affine_share"] = coverage.affine_share();
-    out["coverage"] = {{"affine_bytes", coverage.affine_bytes},
-                       {"residual_bytes", coverage.residual_bytes},
-                       {"uncovered_bytes", coverage.uncovered_bytes}};
-    out["residual_tasks"] = residual_tasks;
-    out["overwrite_only_tensors"] = overwrite_only.size();
-    out["device"] = {{"requested", dcr::exec::device_name(ps.device)},
-                     {"description", ps.device_description}};
-    out["stage_devices"] = {{"detect", detect_on}, {"project", detect_on},
-                            {"tracker_update", detect_on}, {"residual", "cpu"},
-                            {"encode", "cpu"},     {"compress", "cpu"},
-                            {"decode", "cpu"},     {"apply", apply_on},
-                            {"verify", "cpu"}};
-    out["setup_seconds"] = setup_seconds;
-    ojson& steps_json = out["steps"] = ojson::array();
-    for (const auto& r : results) {
-      std::uint64_t bytes = 0, payloads = 0;
-      for (const auto& a : r.report.attempts) {
-        bytes += a.payload_bytes;
-        payloads += a.payloads;
-      }
-      const auto& last = r.report.attempts.back();
-      const std::uint64_t changed = changed_elements(last);
-      ojson failures = ojson::array();
-      for (const auto& a : r.report.attempts)
-        if (!a.failure.empty()) failures.push_back(a.failure);
-      ojson step{{"step", r.step},
-                 {"bit_exact", r.bit_exact},
-                 {"committed", r.committed},
-                 {"attempts", r.report.attempts.size()},
-                 {"payloads", payloads},
-                 {"payload_bytes", bytes},
-                 {"changed_elements", changed},
-                 {"residual_changed_elements", last.residual_changed_elements},
-                 {"records", last.records},
-                 {"residual_items", last.residual_items},
-                 {"forced_overwrite_items", last.forced_overwrite_items},
-                 {"bytes_per_changed", changed ? static_cast<double>(bytes) / changed : 0.0},
-                 {"ratio_to_checkpoint", static_cast<double>(bytes) / checkpoint_bytes},
-                 {"seconds",
-                  {{"detect", last.detect_seconds},
-                   {"project", last.project_seconds},
-                   {"residual", residual_seconds(last)},
-                   {"encode", last.encode_seconds},
-                   {"compress", last.compress_seconds},
-                   {"apply", last.apply_seconds},
-                   {"commit", last.commit_seconds},
-                   {"verify", r.verify_seconds},
-                   {"step", r.wall_seconds}}},
-                 {"failures", std::move(failures)}};
-      if (!r.mismatch.empty()) step["mismatch"] = r.mismatch;
-      steps_json.push_back(std::move(step));
-    }
-    out["all_bit_exact"] = all_ok;
-    // Invalid UTF-8 in a message (bytes from a payload, say) becomes U+FFFD, never an exception.
-    fmt::print("{}\n", out.dump(2, ' ', false, ojson::error_handler_t::replace));
-  } else if (!results.empty()) {
-    std::uint64_t changed = 0, bytes = 0, records = 0;
-    double detect = 0, project = 0, residual = 0, encode = 0, compress = 0, apply = 0, commit = 0,
-           verify = 0;
-    for (const auto& r : results) {
-      for (const auto& a : r.report.attempts) {
-        bytes += a.payload_bytes;
-        detect += a.detect_seconds;
-        project += a.project_seconds;
-        residual += residual_seconds(a);
-        encode += a.encode_seconds;
-        compress += a.compress_seconds;
-        apply += a.apply_seconds;
-        commit += a.commit_seconds;
-      }
-      changed += changed_elements(r.report.attempts.back());
-      records += r.report.attempts.back().records;
-      verify += r.verify_seconds;
-    }
-    const double n = static_cast<double>(results.size());
-    fmt::print("\nsummary over {} step(s)\n", results.size());
-    fmt::print("  {:<34} {:>16}\n", "checkpoint bytes", checkpoint_bytes);
-    fmt::print("  {:<34} {:>15.2f}%\n", "affine share of checkpoint bytes",
-               100.0 * coverage.affine_share());
-    fmt::print("  {:<34} {:>16}\n", "overwrite-only tensors", overwrite_only.size());
-    fmt::print("  {:<34} {:>16}\n", "apply path", apply_path_text);
-    fmt::print("  {:<34} {:>16.0f}\n", "changed elements / step", changed / n);
-    fmt::print("  {:<34} {:>16.0f}\n", "records / step", records / n);
-    fmt::print("  {:<34} {:>16.0f}\n", "payload bytes / step", bytes / n);
-    fmt::print("  {:<34} {:>16.3f}\n", "bytes per changed element",
-               changed ? static_cast<double>(bytes) / changed : 0.0);
-    fmt::print("  {:<34} {:>15.3f}%\n", "payload / checkpoint", 100.0 * bytes / n / checkpoint_bytes);
-    fmt::print("  {:<34} {:>15.1f}x\n", "fewer bytes than full checkpoint",
-               bytes ? checkpoint_bytes * n / bytes : 0.0);
-    fmt::print("  stage seconds / step: detect {:.3f}  project {:.3f}  residual {:.3f}  encode {:.3f}"
-               "  compress {:.3f}  apply {:.3f}  commit {:.3f}  (verify {:.3f})\n",
-               detect / n, project / n, residual / n, encode / n, compress / n, apply / n,
-               commit / n, verify / n);
-    fmt::print("  result: {}\n", all_ok ? "every step bit-exact" : "NOT bit-exact");
+  return report_in_process(s,
+                           {checkpoint_bytes, registry.size(), config, coverage,
+                            overwrite_only.size(), residual_tasks, detect_on, apply_on,
+                            setup_seconds},
+                           results, all_ok);
+}
+
+}  // namespace
+
+int simulate_main(const std::vector<std::string>& argv) {
+  arg_parser args(argv);
+  if (args.flag("-h") || args.flag("--help")) {
+    fmt::print("{}", usage);
+    return 0;
   }
-  return all_ok ? 0 : 1;
+  simulate_settings s;
+  s.argv = argv;
+  s.json = args.flag("--json");
+  parse_model_flags(args, s);
+  parse_transport_flags(args, s);
+  parse_run_flags(args, s);
+  parse_disruption_flags(args, s);
+  parse_agent_flags(args, s);
+  const bool in_process = args.flag("--in-process") || s.commit == "memory";
+  args.finish();
+  check_modes(s, in_process);
+  if (const auto refused = refuse_unavailable_device(s)) return *refused;
+  if (in_process) return run_in_process(s);
+  if (!s.role.empty()) return run_simulate_agent(s);
+  return run_simulate_processes(s);
 }
 
 }  // namespace dcr_tool

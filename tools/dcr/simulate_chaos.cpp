@@ -145,8 +145,8 @@ json chaos_figures(const chaos_plan& plan, const json& steps, const std::set<fir
     const auto it = by_step.find(k);
     if (it == by_step.end() || !it->second->contains("seconds")) return std::nullopt;
     const auto& t = it->second->at("seconds");
-    if (!t.contains("total") || !t.at("total").is_number()) return std::nullopt;
-    return t.at("total").get<double>();
+    if (!t.contains("refit") || !t.at("refit").is_number()) return std::nullopt;
+    return t.at("refit").get<double>();
   };
   std::vector<double> clean, clean_transitions;
   json clean_steps = json::array();

@@ -9,7 +9,9 @@
 // reads the lines and the children's peak memory (wait4) and reports. With --transport relay the
 // parent first makes the TLS files (unless --relay-certs), picks the ports and starts the relay
 // roots, processes that serve until the agents are done (then SIGTERM; simulate_transport.hpp).
+// The agents themselves are in simulate_agent_{coordinator,owner,receiver}.cpp.
 #include "simulate_processes.hpp"
+#include "simulate_agents.hpp"
 
 #include <fmt/core.h>
 #include <fcntl.h>
@@ -32,344 +34,14 @@
 #include <thread>
 
 #include "args.hpp"
-#include "dcr/protocol/coordinator.hpp"
+#include "dcr/sim/moe_model.hpp"
 #include "dcr/protocol/plane/etcd_control_plane.hpp"
 #include "dcr/protocol/plane/file_control_plane.hpp"
-#include "dcr/protocol/owner_agent.hpp"
-#include "dcr/protocol/receiver_agent.hpp"
-#include "dcr/sim/moe_engine.hpp"
-#include "dcr/sim/rank_owner.hpp"
-#include "dcr/testing/faults.hpp"
-#include "simulate_backends.hpp"
 #include "simulate_reference.hpp"
 #include "simulate_transport.hpp"
 
 namespace dcr_tool {
 namespace {
-
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-using dcr::protocol_clock;
-
-protocol_clock::time_point deadline_of(const simulate_settings& s) {
-  return protocol_clock::now() +
-         std::chrono::milliseconds(static_cast<std::int64_t>(s.timeout_seconds * 1000));
-}
-
-std::string plane_dir(const simulate_settings& s) {
-  if (s.commit.rfind("file:", 0) == 0) return s.commit.substr(5);
-  return (fs::path(s.workdir) / "control").string();
-}
-/// Stage spans as JSON (what scripts/protocol-timeline.py draws).
-json timeline_json(const std::vector<dcr::stage_span>& spans) {
-  json out = json::array();
-  for (const auto& span : spans)
-    out.push_back({{"stage", span.stage}, {"begin", span.begin}, {"end", span.end}});
-  return out;
-}
-
-bool uses_etcd(const simulate_settings& s) { return s.commit.rfind("etcd", 0) == 0; }
-
-/// "cuda", "cpu", or "cpu+cuda" when processes disagree (they do not; a report would show it).
-std::string joined(const std::set<std::string>& names, const std::string& fallback) {
-  if (names.empty()) return fallback;
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : "+") + n;
-  return out;
-}
-
-/// Calls f(plane, keys) with the control plane the settings name.
-template <class F>
-int with_plane(const simulate_settings& s, F&& f) {
-  if (uses_etcd(s)) {
-    const auto address = dcr::etcd_control_plane::parse_address(s.commit);
-    dcr::etcd_control_plane plane(address.endpoint, address.options);
-    dcr::protocol_keys keys{address.key_prefix};
-    return f(plane, keys);
-  }
-  dcr::file_control_plane plane(plane_dir(s));
-  return f(plane, dcr::protocol_keys{});
-}
-
-/// Where an agent marks a kill of it as fired: WORKDIR/results/kills/<role>-<id>-<step>.
-fs::path kill_marker(const simulate_settings& s, const std::string& role, std::uint64_t step) {
-  return fs::path(s.workdir) / "results" / "kills" / fmt::format("{}-{}-{}", role, s.id, step);
-}
-
-/// Whether to SIGKILL this process now: a --kill names its role, id and the step `target`, and
-/// has not fired yet. The first caller creates the kill's marker (O_EXCL), so the process
-/// started again after it (or another thread) never fires the same kill twice, while a later
-/// kill of the same process still fires; the parent reads the markers to count the kills.
-bool kill_here(const simulate_settings& s, const char* role, std::uint64_t target) {
-  for (const auto& k : s.kills)
-    if (k.role == role && k.id == s.id && static_cast<std::uint64_t>(k.step) == target) {
-      const int fd = ::open(kill_marker(s, role, target).c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
-      if (fd < 0) return false;  // fired before (or unmarkable: then it never fires, so never twice)
-      ::close(fd);
-      return true;
-    }
-  return false;
-}
-
-void append_line(const simulate_settings& s, const json& j) {
-  const auto path = fs::path(s.workdir) / "results" / (s.role + "-" + std::to_string(s.id) + ".jsonl");
-  std::ofstream out(path, std::ios::app);
-  out << j.dump() << "\n";
-}
-
-std::vector<std::uint32_t> owner_ids(const dcr::sim::synthetic_trainer& t) {
-  std::set<std::uint32_t> ids;
-  for (auto o : t.owners()) ids.insert(o);
-  for (auto o : t.residual_owners()) ids.insert(o);
-  return {ids.begin(), ids.end()};
-}
-
-template <class Plane>
-std::uint64_t wait_for_commit_record(Plane& plane, const dcr::protocol_keys& keys,
-                                     protocol_clock::time_point deadline) {
-  for (;;) {
-    auto c = dcr::with_retry("agent: read commit", deadline, [&] {
-      return dcr::read_record<dcr::commit_record>(plane, keys.commit());
-    });
-    if (c) return c->value.version;
-    DCR_EXPECTS(protocol_clock::now() < deadline, dcr::errc::deadline_exceeded,
-                "no commit record appeared (is the coordinator running?)");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-// ---- the agents
-
-int run_coordinator(const simulate_settings& s) {
-  const dcr::tensor_registry registry(s.model.canonical_tensors());
-  const dcr::sim::synthetic_trainer layout(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
-                                           s.trainer_layout, dcr::sim::trainer_selection::none());
-  return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
-    return with_coordinator_store(s, [&](auto& store) {
-      dcr::coordinator_options o;
-      o.keys = keys;
-      o.policy = s.options.policy;
-      o.min_receivers = s.restarted ? 0 : static_cast<std::size_t>(s.receiver_tp);
-      o.before_commit = [&](const dcr::attempt_record& a) {
-        if (kill_here(s, "coordinator", a.key.target_version)) ::raise(SIGKILL);
-      };
-      dcr::coordinator coord(plane, store, registry.fingerprint(), owner_ids(layout), o);
-      const auto deadline = deadline_of(s);
-      coord.initialize(0, deadline);
-      const auto v0 = wait_for_commit_record(plane, keys, deadline);
-      for (auto step = v0 + 1; step <= static_cast<std::uint64_t>(s.steps); ++step) {
-        const auto t = coord.run_transition("step " + std::to_string(step), deadline_of(s));
-        // The commit happened before the cleanup; the first attempt record t.seconds before it.
-        const double end_unix = dcr::unix_seconds_now() - t.cleanup_seconds;
-        const double begin_unix = end_unix - t.seconds;
-        json j{{"step", step}, {"begin_unix", begin_unix}, {"wait_seconds", t.wait_seconds}, {"cleanup_seconds", t.cleanup_seconds}, {"end_unix", end_unix}, {"committed", t.committed}, {"committed_by_other", t.committed_by_other},
-               {"seconds", t.seconds}, {"commit_seconds", t.commit_seconds}, {"restores", t.restores}};
-        json attempts = json::array();
-        for (const auto& a : t.attempts) {
-          json owners = json::array(), acks = json::array();
-          for (const auto& r : a.reports) owners.push_back(r);
-          for (const auto& k : a.acks) acks.push_back(k);
-          attempts.push_back({{"attempt", a.key.number}, {"kind", a.kind}, {"policy", a.policy},
-                              {"committed", a.committed}, {"failure", a.failure},
-                              {"seconds", a.seconds}, {"reports", owners}, {"acks", acks}});
-        }
-        j["attempts"] = attempts;
-        append_line(s, j);
-        if (!t.committed) return 1;
-      }
-      return 0;
-    });
-  });
-}
-
-int run_owner(const simulate_settings& s) {
-  const dcr::tensor_registry registry(s.model.canonical_tensors());
-  const auto rank = static_cast<std::uint32_t>(s.id);
-  dcr::sim::synthetic_trainer trainer(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
-                                      s.trainer_layout,
-                                      dcr::sim::trainer_selection::owned_by(rank));
-  const dcr::sim::rank_owner built = dcr::sim::make_rank_owner(registry, trainer, rank);
-  dcr::owner& owner = *built.owner;
-  // --device cuda: detect + compact, projection and tracker updates on the GPU (trackers in
-  // device memory; each step's candidate shards copied there, as a trainer's would already be).
-  const auto device_detect = make_detect_backend(s.device, s.id);
-  if (device_detect) owner.set_detect_backend(device_detect.get());
-  auto spans = [&](std::vector<std::span<const std::byte>>& c,
-                   std::vector<std::span<const std::byte>>& in) { built.spans(trainer, c, in); };
-  const dcr::sim::stress_schedule schedule(s.rate);
-  return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
-    return with_owner_store(s, [&](auto& store) {
-      const auto deadline = deadline_of(s);
-      // Trackers from the committed version (a restarted owner regenerates version v from the
-      // seed, as a framework would reload its checkpoint of v).
-      const auto v = wait_for_commit_record(plane, keys, deadline);
-      trainer.advance_to(v, schedule);
-      std::vector<std::span<const std::byte>> cand, inputs;
-      spans(cand, inputs);
-      owner.initialize(cand, inputs);
-      dcr::owner_agent_options o;
-      o.keys = keys;
-      o.bucket_bytes = s.options.bucket_bytes;
-      o.chunk_bytes = s.options.bucket_bytes;
-      o.codec = s.options.codec;
-      o.pipelined = s.pipelined;
-      o.after_put = [&](const dcr::attempt_record& a, std::uint64_t n) {
-        if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "owner", a.key.target_version))
-          ::raise(SIGKILL);
-      };
-      dcr::owner_agent agent(owner, registry, plane, store, o);
-      agent.start(v, deadline, s.restarted);
-      for (auto step = v + 1; step <= static_cast<std::uint64_t>(s.steps); ++step) {
-        trainer.advance_to(step, schedule);
-        spans(cand, inputs);
-        const auto t0 = protocol_clock::now();
-        const auto flows0 = flow_bytes();
-        agent.serve_transition("step " + std::to_string(step), cand, inputs, deadline_of(s));
-        json j{{"step", step}, {"report", agent.last_report()},
-               {"seconds", std::chrono::duration<double>(protocol_clock::now() - t0).count()},
-               {"tracker_bytes", owner.tracker_bytes()}, {"flows", flow_bytes_since(flows0)}};
-        const std::string device = owner.detect_device();
-        j["devices"] = {{"detect", device}, {"project", device}, {"tracker_update", device}};
-        j["timeline"] = timeline_json(agent.last_timeline());
-        append_line(s, j);
-      }
-      return 0;
-    });
-  });
-}
-
-int run_receiver(const simulate_settings& s) {
-  const dcr::tensor_registry registry(s.model.canonical_tensors());
-  const int rank = s.id;
-  const dcr::sim::synthetic_trainer model(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
-                                          s.trainer_layout, dcr::sim::trainer_selection::none());
-  const dcr::sim::stress_schedule schedule(s.rate);
-  dcr::sim::moe_engine_storage storage(s.model, s.receiver_tp, rank, s.engine_layout);
-  dcr::sim::moe_engine_loader loader(storage);
-  dcr::receiver<dcr::sim::moe_engine_loader> rx(registry, loader, dcr::apply_options{s.path, false});
-  rx.prewarm();
-  // --device cuda: the compiled path's writes go into a device copy of this rank's storage; it
-  // is filled from the host after the dense load and copied back before each verification.
-  const auto device_apply = make_apply_backend(s.device, storage.buffers(), s.id);
-  if (device_apply) rx.set_apply_backend(device_apply.get());
-  std::unique_ptr<dcr::sim::moe_engine_storage> reference;
-  std::vector<std::byte> canonical, scratch;
-  // Dense load of version `step`, one canonical tensor at a time, through `target`'s loader.
-  auto dense_load = [&](dcr::receiver<dcr::sim::moe_engine_loader>& target, std::uint64_t step) {
-    for (std::size_t id = 0; id < registry.size(); ++id) {
-      const auto& t = registry.at(static_cast<dcr::tensor_id>(id));
-      canonical.resize(static_cast<std::size_t>(t.bytes()));
-      model.canonical_at(static_cast<dcr::tensor_id>(id), step, schedule, canonical);
-      dcr::visit_word(dcr::dtype_size(t.type), [&](auto w) {
-        using W = decltype(w);
-        target.template dense_load<W>(static_cast<dcr::tensor_id>(id),
-                                      dcr::tensor_view<const W>::contiguous(
-                                          reinterpret_cast<const W*>(canonical.data()), t.shape));
-      });
-    }
-  };
-  return with_plane(s, [&](auto& plane, const dcr::protocol_keys& keys) {
-    return with_receiver_source(s, [&](auto& source) {
-      const auto deadline = deadline_of(s);
-      const auto v = wait_for_commit_record(plane, keys, deadline);
-      // A first start loads version v from its "checkpoint" (the seed); a restarted receiver has
-      // lost its storage and is restored through the protocol.
-      if (!s.restarted) dense_load(rx, v);
-      if (device_apply) device_apply->upload_storage();  // a restarted one: its fresh storage
-      dcr::receiver_agent_options o;
-      o.keys = keys;
-      o.asynchronous = s.asynchronous;
-      o.after_apply = [&](const dcr::attempt_record& a, std::uint64_t n) {
-        if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "receiver", a.key.target_version))
-          ::raise(SIGKILL);
-      };
-      std::atomic<int> gate_closes{0}, gate_opens{0};
-      dcr::request_gate gate{[&] { ++gate_closes; }, [&] { ++gate_opens; }};
-      auto serve = [&](auto& src) {
-        dcr::receiver_agent agent("r" + std::to_string(rank), rx, registry.fingerprint(), plane, src,
-                                  o, gate);
-        agent.start(v, !s.restarted, deadline);
-        // A step's line: what it served (and the bytes it moved over its node's flow) and,
-        // where it verifies, the dense-refit comparison.
-        auto report_step = [&](std::uint64_t held, double serve_seconds,
-                               const std::map<std::string, std::uint64_t>& flows, bool check) {
-          if (!check) {  // --verify last: only the timeline and counters of this step
-            json j{{"step", held}, {"bit_exact", true}, {"verified", false}, {"mismatch", ""},
-                   {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", serve_seconds},
-                   {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
-                   {"apply_device", rx.apply_device()}, {"flows", flows}};
-            j["timeline"] = timeline_json(agent.last_timeline());
-            append_line(s, j);
-            return;
-          }
-          // A dense refit of version `held` through this receiver's own loader, into fresh
-          // storage, compared byte for byte (padding included).
-          const auto v0 = protocol_clock::now();
-          if (device_apply) device_apply->download_storage();
-          if (!reference)
-            reference = std::make_unique<dcr::sim::moe_engine_storage>(s.model, s.receiver_tp, rank,
-                                                                       s.engine_layout);
-          reference->reset();
-          dcr::sim::moe_engine_loader ref_loader(*reference);
-          dcr::receiver<dcr::sim::moe_engine_loader> ref_rx(registry, ref_loader,
-                                                            dcr::apply_options{s.path, false});
-          dense_load(ref_rx, held);
-          const auto diff = storage.first_difference(*reference);
-          json j{{"step", held}, {"bit_exact", diff.empty()}, {"mismatch", diff},
-                 {"name", agent.name()}, {"ack", agent.last_ack()}, {"serve_seconds", serve_seconds},
-                 {"verify_seconds", std::chrono::duration<double>(protocol_clock::now() - v0).count()},
-                 {"restores", agent.restores()}, {"stale_refused", agent.stale_refused()},
-                 {"gate_closes", gate_closes.load()}, {"gate_opens", gate_opens.load()},
-                 {"storage_bytes", storage.bytes()}, {"apply_device", rx.apply_device()},
-                 {"flows", flows}};
-          j["timeline"] = timeline_json(agent.last_timeline());
-          append_line(s, j);
-        };
-        std::uint64_t held = v;
-        if (s.restarted) {  // restored through the protocol first, then verified
-          const auto t0 = protocol_clock::now();
-          const auto flows0 = flow_bytes();
-          held = agent.serve_until(v, deadline_of(s));
-          report_step(held, std::chrono::duration<double>(protocol_clock::now() - t0).count(),
-                      flow_bytes_since(flows0), true);
-        }
-        while (held < static_cast<std::uint64_t>(s.steps)) {
-          const auto t0 = protocol_clock::now();
-          const auto flows0 = flow_bytes();
-          held = agent.serve_until(held + 1, deadline_of(s));
-          const double served = std::chrono::duration<double>(protocol_clock::now() - t0).count();
-          report_step(held, served, flow_bytes_since(flows0),
-                      s.verify_every || held >= static_cast<std::uint64_t>(s.steps));
-        }
-        return 0;
-      };
-      if (s.fault != "none" && rank == 0) {
-        const auto step = static_cast<std::uint64_t>(s.fault_step);
-        dcr::testing::delivery_fault kind = dcr::testing::delivery_fault::none;
-        if (s.fault == "duplicate") kind = dcr::testing::delivery_fault::duplicate;
-        if (s.fault == "corrupt") kind = dcr::testing::delivery_fault::corrupt;
-        if (s.fault == "drop-receiver") kind = dcr::testing::delivery_fault::drop;
-        if (s.fault == "reorder") kind = dcr::testing::delivery_fault::reorder;
-        if (s.fault == "delay") kind = dcr::testing::delivery_fault::delay;
-        if (s.fault == "stale") kind = dcr::testing::delivery_fault::stale;
-        // stale needs a failed attempt first: drop the second delivery of attempt 0, then
-        // deliver a kept payload of attempt 0 during attempt 1.
-        dcr::testing::faulty_source<std::remove_reference_t<decltype(source)>> faulty(
-            source, [=](const dcr::attempt_key& key, std::uint64_t ordinal) {
-              if (key.target_version != step) return dcr::testing::delivery_fault::none;
-              if (kind == dcr::testing::delivery_fault::stale) {
-                if (key.number == 0 && ordinal == 1) return dcr::testing::delivery_fault::drop;
-                if (key.number > 0 && ordinal == 0) return dcr::testing::delivery_fault::stale;
-                return dcr::testing::delivery_fault::none;
-              }
-              return key.number == 0 && ordinal == 0 ? kind : dcr::testing::delivery_fault::none;
-            });
-        return serve(faulty);
-      }
-      return serve(source);
-    });
-  });
-}
 
 // ---- the parent
 
@@ -589,17 +261,14 @@ int run_simulate_agent(const simulate_settings& s) {
   }
 }
 
-int run_simulate_processes(const simulate_settings& settings) {
-  simulate_settings s = settings;
-  // A transport that refuses this run (S3: wrong credentials, no such bucket) stops it here,
-  // before any process starts: nothing is written, nothing commits.
-  check_transport(s);
-  const dcr::tensor_registry registry(s.model.canonical_tensors());
-  const dcr::sim::synthetic_trainer layout(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
-                                           s.trainer_layout, dcr::sim::trainer_selection::none());
-  const auto owners = owner_ids(layout);
-  // --chaos: the schedule, drawn once who can be killed is known; the agents get it as flags.
+namespace {
+
+/// Before any agent starts: with --chaos, the drawn schedule becomes the run's kills, outage and
+/// corrupted payload (printed); the work directory, the file control plane and, with the relay,
+/// its ports and TLS files. Returns the chaos schedule (none without --chaos).
+std::optional<chaos_plan> prepare_run(simulate_settings& s, const std::vector<std::uint32_t>& owners) {
   std::optional<chaos_plan> chaos;
+  // --chaos: the schedule, drawn once who can be killed is known; the agents get it as flags.
   if (s.chaos_seed) {
     chaos = draw_chaos(*s.chaos_seed, s.steps,
                        s.chaos_kills >= 0 ? s.chaos_kills : default_chaos_kills(s.steps),
@@ -625,8 +294,23 @@ int run_simulate_processes(const simulate_settings& settings) {
       throw;
     }
   }
-  const auto t0 = protocol_clock::now();
+  return chaos;
+}
 
+/// What supervising the agent processes gave.
+struct supervision {
+  std::vector<child> finished;  ///< every process that ran, restarted ones included
+  int failures = 0;             ///< processes that failed (or ran past the deadline)
+  std::size_t processes = 0;    ///< processes started (restarts not counted)
+  bool outage_injected = false;
+  double seconds = 0;           ///< first start to last exit
+};
+
+/// Starts the relay roots, the coordinator, every owner and every receiver; restarts each
+/// process once per kill planned for it; injects the --commit-outage; stops the relay roots
+/// once the agents are done; kills everything at the deadline.
+supervision supervise_agents(const simulate_settings& s, const std::vector<std::uint32_t>& owners) {
+  const auto t0 = protocol_clock::now();
   std::vector<child> children;
   for (int k = 0; uses_relay(s) && k < s.relay_roots; ++k) children.push_back({"relay-root", k, true});
   children.push_back({"coordinator", 0});
@@ -640,8 +324,9 @@ int run_simulate_processes(const simulate_settings& settings) {
   std::thread outage;
   if (s.commit_outage >= 1) outage = std::thread(outage_thread, std::cref(s), std::ref(stop_outage), std::ref(outage_done));
 
-  std::vector<child> finished;  // every process that ran, restarted ones included
-  int failures = 0;
+  supervision out;
+  auto& finished = out.finished;
+  int& failures = out.failures;
   const auto deadline = deadline_of(s) + std::chrono::seconds(30);
   bool services_stopped = false;
   while (std::any_of(children.begin(), children.end(), [](const child& c) { return c.running; })) {
@@ -691,7 +376,29 @@ int run_simulate_processes(const simulate_settings& settings) {
   }
   stop_outage = true;
   if (outage.joinable()) outage.join();
-  const double total_seconds = std::chrono::duration<double>(protocol_clock::now() - t0).count();
+
+  out.processes = children.size();
+  out.outage_injected = outage_done.load();
+  out.seconds = std::chrono::duration<double>(protocol_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace
+
+int run_simulate_processes(const simulate_settings& settings) {
+  simulate_settings s = settings;
+  // A transport that refuses this run (S3: wrong credentials, no such bucket) stops it here,
+  // before any process starts: nothing is written, nothing commits.
+  check_transport(s);
+  const dcr::tensor_registry registry(s.model.canonical_tensors());
+  const dcr::sim::synthetic_trainer layout(s.model, registry, s.trainer_tp, s.trainer_dp, s.seed,
+                                           s.trainer_layout, dcr::sim::trainer_selection::none());
+  const auto owners = owner_ids(layout);
+  const std::optional<chaos_plan> chaos = prepare_run(s, owners);
+  const supervision run = supervise_agents(s, owners);
+  const auto& finished = run.finished;
+  const int failures = run.failures;
+  const double total_seconds = run.seconds;
 
   // ---- report
   const fs::path results = fs::path(s.workdir) / "results";
@@ -762,7 +469,7 @@ int run_simulate_processes(const simulate_settings& settings) {
         bytes += r["payload_bytes"].get<std::uint64_t>();
         payloads += r["payloads"].get<std::uint64_t>();
         if (a["committed"].get<bool>()) {
-          changed += r["changed_elements"].get<std::uint64_t>();
+          changed += r["stats"]["changed_elements"].get<std::uint64_t>();
           build = std::max(build, r["build_seconds"].get<double>());
           compress = std::max(compress, r["compress_seconds"].get<double>() + r["put_seconds"].get<double>());
         }
@@ -793,7 +500,7 @@ int run_simulate_processes(const simulate_settings& settings) {
              {"payloads", payloads}, {"payload_bytes", bytes}, {"changed_elements", changed},
              {"refetched", refetched},
              {"restores", st["restores"]}, {"committed_by_other", st["committed_by_other"]},
-             {"seconds", {{"total", st["seconds"]}, {"commit", st["commit_seconds"]},
+             {"seconds", {{"refit", st["seconds"]}, {"commit", st["commit_seconds"]},
                           {"build", build}, {"compress_put", compress}, {"fetch", fetch},
                           {"apply", apply},
                           {"waiting_for_candidates", st.value("wait_seconds", 0.0)},
@@ -841,7 +548,7 @@ int run_simulate_processes(const simulate_settings& settings) {
     all_ok = all_ok && happened;
   }
   std::optional<json> chaos_json;
-  if (chaos) chaos_json = chaos_figures(*chaos, report_steps, fired, outage_done.load());
+  if (chaos) chaos_json = chaos_figures(*chaos, report_steps, fired, run.outage_injected);
   const bool chaos_ok = !chaos_json || (*chaos_json)["ok"].get<bool>();
   json processes = json::array();
   for (const auto& c : finished)
@@ -854,7 +561,7 @@ int run_simulate_processes(const simulate_settings& settings) {
   if (s.reference) {
     reference = run_reference(s, static_cast<std::uint64_t>(s.steps));
     for (auto& st : report_steps) {
-      const double total = st["seconds"]["total"].get<double>();
+      const double total = st["seconds"]["refit"].get<double>();
       st["speedup_over_reference"] = total > 0 ? reference->seconds / total : 0.0;
     }
   }
@@ -866,7 +573,7 @@ int run_simulate_processes(const simulate_settings& settings) {
              {"s3_fanout", s.s3_fanout}, {"link_rate", s.link_rate},
              {"trainer_nodes", s.trainer_nodes}, {"rollout_nodes", s.rollout_nodes},
              {"steps", report_steps}, {"processes", processes}, {"restores", restores},
-             {"fenced_payloads", fenced}, {"commit_outage_injected", outage_done.load()},
+             {"fenced_payloads", fenced}, {"commit_outage_injected", run.outage_injected},
              {"seconds", total_seconds},
              {"device", {{"requested", requested}, {"description", s.device_description}}},
              {"stage_devices", stage_devices}, {"history", history_json}, {"kills", kills_json},
@@ -893,7 +600,7 @@ int run_simulate_processes(const simulate_settings& settings) {
   } else {
     fmt::print("dcr simulate: {} processes (1 coordinator, {} owners, {} receivers{}), {:.1f} MB "
                "checkpoint, control plane {}, {}\n",
-               children.size(), owners.size(), s.receiver_tp,
+               run.processes, owners.size(), s.receiver_tp,
                uses_relay(s) ? fmt::format(", {} relay roots", s.relay_roots) : std::string(),
                checkpoint_bytes / 1e6, uses_etcd(s) ? s.commit : plane_dir(s),
                uses_relay(s) ? fmt::format("relay on 127.0.0.1:{}.., certificates {}", s.relay_port_base, s.relay_certs)
@@ -902,10 +609,12 @@ int run_simulate_processes(const simulate_settings& settings) {
                "encode, compress, decode, verify on cpu\n",
                s.device_description, detect_on, apply_on);
     for (const auto& st : report_steps)
-      fmt::print("step {:>3}: {:>11} changed  {:>12} payload bytes  {} attempt(s)  {:.3f} s  {}{}\n",
+      fmt::print("step {:>3}: {:>11} changed  {:>12} payload bytes  {} attempt(s)  refit {:.3f} s"
+                 "  (candidates {:.3f} s)  {}{}\n",
                  st["step"].get<std::uint64_t>(), st["changed_elements"].get<std::uint64_t>(),
                  st["payload_bytes"].get<std::uint64_t>(), st["attempts"].get<std::size_t>(),
-                 st["seconds"]["total"].get<double>(),
+                 st["seconds"]["refit"].get<double>(),
+                 st["seconds"]["waiting_for_candidates"].get<double>(),
                  st["bit_exact"].get<bool>() ? "bit-exact" : "MISMATCH",
                  st["failures"].empty() ? std::string() : "  (retried after: " + st["failures"][0].get<std::string>() + ")");
     for (const auto& p : processes)

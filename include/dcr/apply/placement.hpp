@@ -96,6 +96,12 @@ struct tensor_placement {
 };
 namespace detail {
 class placement_compiler;
+/// Merges runs of consecutive records (same geometry, width and transform) whose canonical
+/// first index and storage base advance by constant steps, with the step beyond the record's
+/// span, into one record with an extra outermost dimension. Returns the new end of [begin, end).
+std::size_t merge_runs(std::vector<placement>& ps, std::size_t begin, std::size_t end);
+/// An address as the refusals print it: "0x7f12345000".
+std::string hex_address(std::uintptr_t a);
 }  // namespace detail
 
 /// The compiled placement of every canonical tensor on one rank (see the file comment).

@@ -23,6 +23,19 @@
 
 namespace dcr {
 
+/// One stage of an attempt, for pictures and the overlap figure (the owner and receiver agents'
+/// last_timeline()): seconds since the Unix epoch (system clock), so that spans of different
+/// processes on one machine line up.
+struct stage_span {
+  std::string stage;  ///< "build", "compress+put", "apply"
+  double begin = 0, end = 0;
+};
+
+/// Seconds since the Unix epoch now (system clock).
+inline double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 /// Runs `op`; while it throws control_plane_unavailable, waits (backoff from 10 ms to 500 ms)
 /// and runs it again, until `deadline`, then throws deadline_exceeded naming `what` and the
 /// last error. Every control-plane operation of an agent goes through this, so an outage

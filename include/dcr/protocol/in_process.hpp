@@ -53,14 +53,10 @@ struct attempt_report {
   encoding_policy policy = encoding_policy::mixed;
   bool succeeded = false;
   std::string failure;
-  std::uint64_t payloads = 0, payload_bytes = 0, records = 0, changed_elements = 0;
-  std::uint64_t compared_bytes = 0;
-  std::uint64_t residual_compared_bytes = 0, residual_changed_inputs = 0;
-  std::uint64_t residual_conversions = 0, residual_changed_elements = 0, residual_items = 0;
-  std::uint64_t forced_overwrite_items = 0;
+  std::uint64_t payloads = 0, payload_bytes = 0, records = 0;
+  owner_stats owners;         ///< the owners' figures (owner_report::stats), summed over owners
   std::uint64_t duplicates_dropped = 0, corrupt_refetched = 0, stale_refused = 0;
-  double detect_seconds = 0, project_seconds = 0, encode_seconds = 0, compress_seconds = 0;
-  double residual_detect_seconds = 0, convert_seconds = 0, residual_compare_seconds = 0;
+  double compress_seconds = 0;  ///< pack + zstd, summed over owners
   double apply_seconds = 0;   ///< decode + apply, summed over receivers
   double commit_seconds = 0;
   double seconds = 0;         ///< attempt record written to outcome

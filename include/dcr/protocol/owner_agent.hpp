@@ -46,16 +46,6 @@ struct owner_agent_options {
   std::function<void(const attempt_record&, std::uint64_t)> after_put;
 };
 
-/// One stage of an attempt, for pictures and the overlap figure: seconds since the Unix epoch
-/// (system clock), so that spans of different processes on one machine line up.
-struct stage_span {
-  std::string stage;  ///< "build", "compress+put", "apply"
-  double begin = 0, end = 0;
-};
-
-/// Seconds since the Unix epoch now (system clock).
-double unix_seconds_now();
-
 template <control_plane Plane, payload_sink Store>
 class owner_agent {
  public:
@@ -134,6 +124,7 @@ class owner_agent {
   owner_report report_;
   std::vector<stage_span> timeline_;
   std::vector<std::vector<std::byte>> payloads_;
+  std::vector<payload_id> payload_ids_;  // payload_ids_[k]: the id of payloads_[k]
   std::vector<payload_id> ids_;
   std::vector<std::span<const std::byte>> restore_spans_, restore_inputs_;
 };

@@ -27,6 +27,7 @@
 #include "dcr/codec/choose.hpp"
 #include "dcr/codec/item.hpp"
 #include "dcr/error.hpp"
+#include "dcr/refit/owner_stats.hpp"
 
 namespace dcr {
 
@@ -115,13 +116,8 @@ struct owner_report {
   /// The set digest of its manifest's payload ids (payload_id_digest summed); `payloads` is
   /// their count.
   std::uint64_t payload_set_digest = 0;
-  std::uint64_t payloads = 0, payload_bytes = 0, records = 0, changed_elements = 0;
-  std::uint64_t compared_bytes = 0;
-  std::uint64_t residual_compared_bytes = 0, residual_changed_inputs = 0;
-  std::uint64_t residual_conversions = 0, residual_changed_elements = 0, residual_items = 0;
-  std::uint64_t forced_overwrite_items = 0;
-  double detect_seconds = 0, project_seconds = 0, encode_seconds = 0;
-  double residual_detect_seconds = 0, convert_seconds = 0, residual_compare_seconds = 0;
+  std::uint64_t payloads = 0, payload_bytes = 0, records = 0;
+  owner_stats stats;             ///< the owner's figures of the attempt (dcr::owner::stats())
   double build_seconds = 0;      ///< detect, project, convert, encode (calling thread)
   double compress_seconds = 0;   ///< pack + zstd (second thread)
   double put_seconds = 0;        ///< payload store puts
@@ -198,18 +194,25 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(receiver_registration, name, inc
                                                 registry_fingerprint)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(owner_registration, owner, incarnation,
                                                 tracker_version, candidate)
+// owner_stats as a JSON object of its DCR_OWNER_STATS_FIELDS (missing members read as 0).
+inline void to_json(nlohmann::json& j, const owner_stats& s) {
+  j = nlohmann::json::object();
+#define DCR_OWNER_STATS_TO_JSON(type, name) j[#name] = s.name;
+  DCR_OWNER_STATS_FIELDS(DCR_OWNER_STATS_TO_JSON)
+#undef DCR_OWNER_STATS_TO_JSON
+}
+inline void from_json(const nlohmann::json& j, owner_stats& s) {
+  s = {};
+#define DCR_OWNER_STATS_FROM_JSON(type, name) s.name = j.value(#name, s.name);
+  DCR_OWNER_STATS_FIELDS(DCR_OWNER_STATS_FROM_JSON)
+#undef DCR_OWNER_STATS_FROM_JSON
+}
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(owner_report, owner, incarnation, built, failure,
                                                 change_digest, manifest_digest,
-                                                payload_set_digest, payloads,
-                                                payload_bytes, records, changed_elements,
-                                                compared_bytes, residual_compared_bytes,
-                                                residual_changed_inputs, residual_conversions,
-                                                residual_changed_elements, residual_items,
-                                                forced_overwrite_items, detect_seconds,
-                                                project_seconds, encode_seconds,
-                                                residual_detect_seconds, convert_seconds,
-                                                residual_compare_seconds, build_seconds, compress_seconds, put_seconds,
-                                                seconds, peak_rss_bytes)
+                                                payload_set_digest, payloads, payload_bytes,
+                                                records, stats, build_seconds,
+                                                compress_seconds, put_seconds, seconds,
+                                                peak_rss_bytes)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(receiver_ack, name, incarnation, state, failure,
                                                 payloads, payload_bytes, duplicates, refetched,
                                                 stale, applied_payloads, applied_payload_digest,

@@ -26,6 +26,8 @@
 
 #include <xxhash.h>
 
+#include "dcr/refit/owner_stats.hpp"
+
 #include <iterator>
 #include <map>
 
@@ -51,31 +53,6 @@ enum class build_mode : std::uint8_t {
   /// words (a dense restore of the committed version when the trackers are passed as the
   /// candidates, or a dense refit when the history of the transition is unknown).
   dense,
-};
-
-/// Timings and counts of one build_items() or build_chunk() call (summed over the chunks of an
-/// attempt until the next chunk 0).
-struct owner_stats {
-  // Affine tasks.
-  std::uint64_t compared_bytes = 0;    ///< candidate bytes of affine shards compared with trackers
-  std::uint64_t changed_elements = 0;  ///< source elements of affine shards whose words changed
-  double detect_seconds = 0;           ///< comparison of affine shards
-  double project_seconds = 0;          ///< projection to canonical coordinates and sorting
-  // Residual tasks.
-  std::uint64_t residual_compared_bytes = 0;   ///< input bytes compared with committed copies
-  std::uint64_t residual_changed_inputs = 0;   ///< inputs flagged changed
-  std::uint64_t residual_conversions = 0;      ///< outputs rebuilt (selected by the flags)
-  std::uint64_t residual_converted_bytes = 0;  ///< canonical bytes rebuilt and compared
-  std::uint64_t residual_changed_elements = 0; ///< rebuilt elements that differ from the baseline
-  double residual_detect_seconds = 0;          ///< input comparison (change flags)
-  double convert_seconds = 0;                  ///< the conversion callables
-  double residual_compare_seconds = 0;         ///< rebuilt outputs vs the residual baseline
-  // Both.
-  std::uint64_t items = 0;            ///< items emitted (canonical tensors touched)
-  std::uint64_t residual_items = 0;   ///< of which built by residual tasks
-  std::uint64_t forced_overwrite_items = 0;  ///< affine items sent as overwrite because a
-                                             ///< receiver takes the tensor only that way
-  double encode_seconds = 0;          ///< choosing encodings and encoding values
 };
 
 class owner {
@@ -327,12 +304,16 @@ class owner {
 };
 
 /// Packs items into payloads of at most about `bucket_bytes` of raw record bytes (an item is
-/// never split across payloads, so one large item makes one large payload). Sequence numbers
-/// count from header_template.id.sequence in item order. Each payload is encoded with `encoder` into `out[k]`.
-void pack_payloads(const tensor_registry& registry, const payload_header& header_template,
-                          std::span<const item> items, std::size_t bucket_bytes,
-                          payload_encoder& encoder,
-                          std::vector<std::vector<std::byte>>& out);
+/// never split across payloads, so one large item makes one large payload). Each payload is
+/// encoded with `encoder` into `out[k]`; its id is header_template.id with the sequence number
+/// header_template.id.sequence + k, written into its bytes and, where `ids` is given, into
+/// (*ids)[k] too. Returns the sequence number after the last payload (where the next call of
+/// the same attempt starts): the payload sequence is counted here and nowhere else.
+std::uint32_t pack_payloads(const tensor_registry& registry,
+                            const payload_header& header_template, std::span<const item> items,
+                            std::size_t bucket_bytes, payload_encoder& encoder,
+                            std::vector<std::vector<std::byte>>& out,
+                            std::vector<payload_id>* ids = nullptr);
 
 }  // namespace dcr
 

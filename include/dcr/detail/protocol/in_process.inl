@@ -57,21 +57,8 @@ DCR_INLINE transition_report to_report(const transition_summary& s, memory_contr
       r.payloads += o.payloads;
       r.payload_bytes += o.payload_bytes;
       r.records += o.records;
-      r.changed_elements += o.changed_elements;
-      r.compared_bytes += o.compared_bytes;
-      r.residual_compared_bytes += o.residual_compared_bytes;
-      r.residual_changed_inputs += o.residual_changed_inputs;
-      r.residual_conversions += o.residual_conversions;
-      r.residual_changed_elements += o.residual_changed_elements;
-      r.residual_items += o.residual_items;
-      r.forced_overwrite_items += o.forced_overwrite_items;
-      r.detect_seconds += o.detect_seconds;
-      r.project_seconds += o.project_seconds;
-      r.encode_seconds += o.encode_seconds;
+      r.owners += o.stats;
       r.compress_seconds += o.compress_seconds;
-      r.residual_detect_seconds += o.residual_detect_seconds;
-      r.convert_seconds += o.convert_seconds;
-      r.residual_compare_seconds += o.residual_compare_seconds;
     }
     for (const auto& k : a.acks) {
       r.duplicates_dropped += k.duplicates;

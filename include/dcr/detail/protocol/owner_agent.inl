@@ -253,13 +253,13 @@ void owner_agent<Plane, Store>::build_and_put(
   auto pack_and_put = [&](std::vector<item>& items) {
     const auto c0 = clock::now();
     header.id.sequence = sequence;
-    pack_payloads(*registry_, header, items, options_.bucket_bytes, encoder_, payloads_);
+    sequence = pack_payloads(*registry_, header, items, options_.bucket_bytes, encoder_,
+                             payloads_, &payload_ids_);
     const auto c1 = clock::now();
-    for (auto& p : payloads_) {
-      payload_id id = header.id;
-      id.sequence = sequence++;
-      store_->put(id, p);
-      ids_.push_back(id);
+    for (std::size_t k = 0; k < payloads_.size(); ++k) {
+      const auto& p = payloads_[k];
+      store_->put(payload_ids_[k], p);
+      ids_.push_back(payload_ids_[k]);
       report_.payload_bytes += p.size();
       ++report_.payloads;
       if (options_.after_put) options_.after_put(a, report_.payloads);
@@ -308,21 +308,7 @@ void owner_agent<Plane, Store>::build_and_put(
   report_.payload_set_digest = set_digest;
   report_.change_digest = owner_->change_digest();
   report_.records = records;
-  const owner_stats& st = owner_->stats();
-  report_.changed_elements = st.changed_elements;
-  report_.compared_bytes = st.compared_bytes;
-  report_.residual_compared_bytes = st.residual_compared_bytes;
-  report_.residual_changed_inputs = st.residual_changed_inputs;
-  report_.residual_conversions = st.residual_conversions;
-  report_.residual_changed_elements = st.residual_changed_elements;
-  report_.residual_items = st.residual_items;
-  report_.forced_overwrite_items = st.forced_overwrite_items;
-  report_.detect_seconds = st.detect_seconds;
-  report_.project_seconds = st.project_seconds;
-  report_.encode_seconds = st.encode_seconds;
-  report_.residual_detect_seconds = st.residual_detect_seconds;
-  report_.convert_seconds = st.convert_seconds;
-  report_.residual_compare_seconds = st.residual_compare_seconds;
+  report_.stats = owner_->stats();
   report_.build_seconds = build;
   report_.compress_seconds = compress;
   report_.put_seconds = put_time;
@@ -330,15 +316,3 @@ void owner_agent<Plane, Store>::build_and_put(
 }
 
 }  // namespace dcr
-
-#if DCR_HEADER_BODIES
-
-namespace dcr {
-
-DCR_INLINE double unix_seconds_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace dcr
-
-#endif  // DCR_HEADER_BODIES

@@ -538,13 +538,16 @@ DCR_INLINE void owner::check_residual_inputs(std::span<const std::span<const std
   }
 }
 
-DCR_INLINE void pack_payloads(const tensor_registry& registry,
-                              const payload_header& header_template, std::span<const item> items,
-                              std::size_t bucket_bytes, payload_encoder& encoder,
-                              std::vector<std::vector<std::byte>>& out) {
+DCR_INLINE std::uint32_t pack_payloads(const tensor_registry& registry,
+                                       const payload_header& header_template,
+                                       std::span<const item> items, std::size_t bucket_bytes,
+                                       payload_encoder& encoder,
+                                       std::vector<std::vector<std::byte>>& out,
+                                       std::vector<payload_id>* ids) {
   out.clear();
+  if (ids != nullptr) ids->clear();
   std::size_t begin = 0;
-  std::uint32_t sequence = header_template.id.sequence;
+  payload_header h = header_template;
   while (begin < items.size()) {
     std::size_t end = begin;
     std::size_t bytes = 0;
@@ -553,12 +556,13 @@ DCR_INLINE void pack_payloads(const tensor_registry& registry,
       ++end;
     } while (end < items.size() &&
              bytes + items[end].count() * (8 + items[end].word_bytes()) <= bucket_bytes);
-    payload_header h = header_template;
-    h.id.sequence = sequence++;
     out.emplace_back();
     encoder.encode(h, items.subspan(begin, end - begin), registry, out.back());
+    if (ids != nullptr) ids->push_back(h.id);
+    ++h.id.sequence;
     begin = end;
   }
+  return h.id.sequence;
 }
 
 #endif  // DCR_HEADER_BODIES
