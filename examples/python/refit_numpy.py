@@ -62,25 +62,34 @@ def trainer(args):
 
 def engine(args):
     """One engine rank: its storage, its own loader compiled at prewarm, the receiver agent on
-    its own thread with the request gate as callbacks."""
+    its own thread with the request gate as callbacks. The check against a dense refit runs in
+    the resume callback (gate_open), as an engine's health check before it serves again: the
+    agent's thread waits for it, so the storage cannot move on to the next step while it is
+    compared (the trainers do not wait for the engines; a check after wait_for() would race the
+    next step's apply)."""
     reg = tm.registry()
     e = tm.Engine(args.rank)
     rx = dcr.Receiver(reg, e.load_weights, mode="sink").prewarm()
     rx.load(tm.canonical(0))  # the initial load, through the same loader
     gate = {"close": 0, "open": 0}
-    plane, store = plane_and_store(args.workdir)
-    agent = dcr.ReceiverAgent(f"engine{args.rank}", rx, plane, store,
-                              gate_close=lambda: gate.__setitem__("close", gate["close"] + 1),
-                              gate_open=lambda: gate.__setitem__("open", gate["open"] + 1))
-    agent.start(0, restored=True)
-    agent.start_thread()
-    for step in range(1, args.steps + 1):
-        agent.wait_for(step, timeout=120)
+    agent = None
+
+    def resume():
+        gate["open"] += 1
+        step = gate["open"]  # one pause and one resume per committed step
         ref = tm.Engine(args.rank)
         ref.load_weights(tm.canonical(step).items(), dcr.DenseSink())  # the dense refit
         diff = e.first_difference(ref)
         report(args.workdir, "engine", args.rank, {"step": step, "bit_exact": diff is None, "mismatch": diff,
                                                    "gate": dict(gate), "ack": agent.last_ack["state"]})
+
+    plane, store = plane_and_store(args.workdir)
+    agent = dcr.ReceiverAgent(f"engine{args.rank}", rx, plane, store,
+                              gate_close=lambda: gate.__setitem__("close", gate["close"] + 1),
+                              gate_open=resume)
+    agent.start(0, restored=True)
+    agent.start_thread()
+    agent.wait_for(args.steps, timeout=120 * args.steps)
     agent.stop()
     return 0
 
