@@ -264,8 +264,12 @@ TEST_CASE("listing as the attempt fills; manifests; owners apart; other attempts
   l = s.list(key);
   CHECK(l[1].complete);
   CHECK(l[1].ids == std::vector<dcr::payload_id>{pid(9, 1)});
+  CHECK(l[1].sizes == std::vector<std::uint64_t>{6});
   s.put_manifest(key, 9, std::vector<dcr::payload_id>{pid(9, 0), pid(9, 1)});  // replaced
   CHECK(s.list(key)[1].ids == std::vector<dcr::payload_id>{pid(9, 0), pid(9, 1)});
+  // The manifest records each payload's size, from the listing of what was put.
+  CHECK(s.list(key)[1].sizes == std::vector<std::uint64_t>{6, 6});
+  CHECK(s.list(key)[0].sizes.empty());  // owner 3: no manifest yet
   // An owner with nothing to send: a complete, empty listing.
   s.put_manifest(key, 12, std::vector<dcr::payload_id>{});
   l = s.list(key);
@@ -274,6 +278,38 @@ TEST_CASE("listing as the attempt fills; manifests; owners apart; other attempts
   CHECK(l[2].complete);
   CHECK(l[2].ids.empty());
   CHECK(s.list(dcr::attempt_key{1, 2, 1}).size() == 1);
+}
+
+TEST_CASE("an object replaced after its owner's manifest is refused by the sources, longer or shorter") {
+  // Another writer (not dcr: its puts are conditional) replaces a payload object after the
+  // manifest recorded its size: the sources cap the get at that size and never deliver it.
+  dcr::s3_payload_store s(options());
+  const dcr::attempt_key key{1, 2, 0};
+  s.put(pid(4, 0), pattern(5000, 1));
+  s.put(pid(4, 1), pattern(5000, 2));
+  s.put_manifest(key, 4, std::vector<dcr::payload_id>{pid(4, 0), pid(4, 1)});
+  dcr::detail::s3::client raw(raw_config(options()));
+  for (const std::size_t replaced : {9000, 4000}) {
+    CAPTURE(replaced);
+    const auto body = pattern(replaced, 3);
+    dcr::detail::s3::request put;
+    put.method = "PUT";
+    put.key = s.payload_key(pid(4, 1));
+    put.body = body;
+    raw.call(put);
+    dcr::prefetch_source src(s, dcr::prefetch_options{2, 0, std::chrono::milliseconds(5)});
+    src.open(key, std::vector<std::uint32_t>{4});
+    dcr::delivery d;
+    const auto what = error_of([&] {
+      while (src.next(d, dcr::protocol_clock::now() + std::chrono::seconds(20)) ==
+             dcr::source_status::delivered)
+        CHECK(d.id == pid(4, 0));
+    });
+    CHECK_MESSAGE(what.find(replaced > 5000 ? "exceeds the cap of 5000 bytes"
+                                            : "got 4000 bytes, its owner's manifest says 5000") !=
+                      std::string::npos,
+                  what);
+  }
 }
 
 TEST_CASE("erase_through drops every object of transitions with target <= v, restores included") {

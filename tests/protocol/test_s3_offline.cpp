@@ -237,21 +237,120 @@ TEST_CASE("S3 XML: the elements dcr reads, entities decoded, malformed documents
   CHECK(x::escape("<a&\"'>") == "&lt;a&amp;&quot;&apos;&gt;");
 }
 
-TEST_CASE("manifests: one text format for every store, damaged ones refused") {
+TEST_CASE("manifests: one text format for every store, with sizes; damaged ones refused") {
   const dcr::attempt_key key{1, 2, 0};
   std::vector<dcr::payload_id> ids{pid(7, 2), pid(7, 0), pid(7, 1)};
-  const auto text = dcr::detail::manifest_text(ids);
-  CHECK(text == "dcr-manifest 1 3\n2\n0\n1\n");
+  const std::vector<std::uint64_t> sizes{30, 10, 20};
+  const auto text = dcr::detail::manifest_text(ids, sizes);
+  CHECK(text == "dcr-manifest 2 3\n2 30\n0 10\n1 20\n");
   const auto back = dcr::detail::parse_manifest(text, key, 7, "m");
-  CHECK(back == std::vector<dcr::payload_id>{pid(7, 0), pid(7, 1), pid(7, 2)});
-  CHECK(dcr::detail::parse_manifest("dcr-manifest 1 0\n", key, 7, "m").empty());
-  for (const char* bad : {"", "dcr-manifest 2 1\n0\n", "dcr-manifest 1 2\n0\n", "dcr-manifest 1 1\nx\n",
+  CHECK(back.owner == 7);
+  CHECK(back.complete);
+  CHECK(back.ids == std::vector<dcr::payload_id>{pid(7, 0), pid(7, 1), pid(7, 2)});
+  CHECK(back.sizes == std::vector<std::uint64_t>{10, 20, 30});  // sorted with their ids
+  CHECK(dcr::detail::parse_manifest("dcr-manifest 2 0\n", key, 7, "m").ids.empty());
+  CHECK(dcr::detail::parse_manifest("dcr-manifest 2 1\n4 0\n", key, 7, "m").sizes ==
+        std::vector<std::uint64_t>{0});  // an empty payload is a payload too
+  // The earlier format without sizes is still read: complete, sizes unknown.
+  const auto old = dcr::detail::parse_manifest("dcr-manifest 1 2\n1\n0\n", key, 7, "m");
+  CHECK(old.complete);
+  CHECK(old.ids == std::vector<dcr::payload_id>{pid(7, 0), pid(7, 1)});
+  CHECK(old.sizes.empty());
+  CHECK_THROWS_AS(dcr::detail::manifest_text(ids, std::vector<std::uint64_t>{1}), dcr::error);
+  for (const char* bad : {"", "dcr-manifest 3 1\n0 1\n", "dcr-manifest 2 1\n0\n", "dcr-manifest 2 2\n0 1\n",
+                          "dcr-manifest 2 1\nx 1\n", "dcr-manifest 2 1\n0 1",
+                          "dcr-manifest 2 1\n0 x\n", "dcr-manifest 2 1\n0 -1\n", "dcr-manifest 2 1\n0  1\n",
+                          "dcr-manifest 2 1\n0 99999999999999999999999\n", "dcr-manifest 2 2\n0 1\n0 1\n",
+                          "dcr-manifest 1 1\n0 1\n", "dcr-manifest 1 2\n0\n", "dcr-manifest 1 1\nx\n",
                           "dcr-manifest 1 1\n0", "dcr-manifest 1 1\n99999999999\n", "dcr-manifest 1 \n",
                           "dcr-manifest 1 1\n01\n", "dcr-manifest 1 01\n0\n", "dcr-manifest 1 1\n+1\n"}) {
     CAPTURE(bad);
     const auto what = error_of([&] { dcr::detail::parse_manifest(bad, key, 7, "manifest 'm'"); },
                                dcr::errc::transport_failure);
     CHECK(what.find("manifest 'm' is damaged") != std::string::npos);
+  }
+}
+
+TEST_CASE("the file and memory stores record each payload's size in its manifest") {
+  temp_dir dir;
+  dcr::file_payload_store files(dir.path);
+  dcr::memory_payload_store memory;
+  const dcr::attempt_key key{1, 2, 0};
+  const auto check = [&](auto& store) {
+    store.put(pid(2, 0), std::vector<std::byte>(5, std::byte{1}));
+    store.put(pid(2, 1), std::vector<std::byte>(9, std::byte{2}));
+    auto before = store.list(key);
+    REQUIRE(before.size() == 1);
+    CHECK(before[0].sizes.empty());  // no manifest yet: sizes unknown
+    store.put_manifest(key, 2, std::vector<dcr::payload_id>{pid(2, 1), pid(2, 0)});
+    const auto after = store.list(key);
+    REQUIRE(after.size() == 1);
+    CHECK(after[0].complete);
+    CHECK(after[0].ids == std::vector<dcr::payload_id>{pid(2, 0), pid(2, 1)});
+    CHECK(after[0].sizes == std::vector<std::uint64_t>{5, 9});
+    // A manifest naming a payload that was not put is refused, whatever the store.
+    error_of([&] { store.put_manifest(key, 2, std::vector<dcr::payload_id>{pid(2, 7)}); },
+             dcr::errc::transport_failure);
+  };
+  check(files);
+  check(memory);
+}
+
+TEST_CASE("payload sources hold a payload to its manifest's size: longer or shorter bodies are refused") {
+  // A store whose object changed after its owner's manifest was written (or a body cut short or
+  // padded on the way): the sources never deliver it, and say which payload and both sizes.
+  class resized_store : public dcr::memory_payload_store {
+   public:
+    using memory_payload_store::get;
+    dcr::get_status get(const dcr::payload_id& id, std::vector<std::byte>& out,
+                        const dcr::get_control& control) const {
+      caps.push_back(control.max_bytes);
+      const auto s = memory_payload_store::get(id, out);
+      if (s == dcr::get_status::found && id == victim) out.resize(out.size() + delta);
+      return s;
+    }
+    dcr::payload_id victim{};
+    std::int64_t delta = 0;
+    mutable std::vector<std::uint64_t> caps;
+  };
+  const dcr::attempt_key key{1, 2, 0};
+  for (const std::int64_t delta : {-1, 1}) {
+    CAPTURE(delta);
+    resized_store store;
+    store.put(pid(3, 0), std::vector<std::byte>(6, std::byte{1}));
+    store.put(pid(3, 1), std::vector<std::byte>(8, std::byte{2}));
+    store.put_manifest(key, 3, std::vector<dcr::payload_id>{pid(3, 0), pid(3, 1)});
+    store.victim = pid(3, 1);
+    store.delta = delta;
+    const std::string expected = "payload " + dcr::to_string(pid(3, 1)) + ": got " +
+                                 std::to_string(8 + delta) + " bytes, its owner's manifest says 8";
+    dcr::delivery d;
+    {
+      dcr::store_source src(store, 1ms);
+      src.open(key, std::vector<std::uint32_t>{3});
+      const auto what = error_of(
+          [&] {
+            while (src.next(d, dcr::protocol_clock::now() + 2s) == dcr::source_status::delivered) {}
+          },
+          dcr::errc::transport_failure);
+      CHECK(what.find(expected) != std::string::npos);
+      std::vector<std::byte> again;
+      CHECK(error_of([&] { src.refetch(pid(3, 1), again); }, dcr::errc::transport_failure).find(expected) !=
+            std::string::npos);
+    }
+    {
+      dcr::prefetch_source src(store, dcr::prefetch_options{2, 0, 1ms});
+      src.open(key, std::vector<std::uint32_t>{3});
+      const auto what = error_of(
+          [&] {
+            while (src.next(d, dcr::protocol_clock::now() + 2s) == dcr::source_status::delivered) {}
+          },
+          dcr::errc::transport_failure);
+      CHECK(what.find(expected) != std::string::npos);
+    }
+    // Every get was capped at the manifest's size of the payload it asked for.
+    CHECK(!store.caps.empty());
+    for (const auto cap : store.caps) CHECK((cap == 6 || cap == 8));
   }
 }
 
@@ -326,7 +425,7 @@ TEST_CASE("prefetch_source: a listed payload that is absent is asked for again; 
     using payload_store_concept = dcr::payload_store_tag;
     void put(const dcr::payload_id&, std::span<const std::byte>) {}
     void put_manifest(const dcr::attempt_key&, std::uint32_t, std::span<const dcr::payload_id>) {}
-    std::vector<dcr::owner_listing> list(const dcr::attempt_key&) const { return {{1, {pid(1, 0)}, true}}; }
+    std::vector<dcr::owner_listing> list(const dcr::attempt_key&) const { return {{1, {pid(1, 0)}, true, {}}}; }
     dcr::get_status get(const dcr::payload_id&, std::vector<std::byte>&) const {
       throw dcr::error(dcr::errc::transport_failure, "S3 GET s3://b/k: HTTP 403 AccessDenied");
     }

@@ -22,9 +22,11 @@
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -52,10 +54,16 @@ enum class source_status {
   timed_out,  ///< nothing new before the deadline (call again, or give up)
 };
 
+/// A payload size no manifest gave (what get_listed and for_each_listed pass then).
+inline constexpr std::uint64_t unknown_payload_size = UINT64_MAX;
+
 namespace detail {
 
-/// Calls `each(id)` for every id `listing` holds of an owner in `owners` (sorted); returns
-/// whether every one of `owners` is listed with its manifest in (the attempt is fully listed).
+/// Calls `each(id, bytes)` for every id `listing` holds of an owner in `owners` (sorted):
+/// `bytes` is the payload's size where the listing records it (owner_listing::sizes), else
+/// unknown_payload_size.
+/// Returns whether every one of `owners` is listed with its manifest in (the attempt is fully
+/// listed).
 template <class F>
 bool for_each_listed(const std::vector<owner_listing>& listing, std::span<const std::uint32_t> owners,
                      F&& each) {
@@ -65,7 +73,9 @@ bool for_each_listed(const std::vector<owner_listing>& listing, std::span<const 
     if (!std::binary_search(owners.begin(), owners.end(), l.owner)) continue;
     ++seen_owners;
     all_complete = all_complete && l.complete;
-    for (const auto& id : l.ids) each(id);
+    const bool sized = l.sizes.size() == l.ids.size();
+    for (std::size_t i = 0; i < l.ids.size(); ++i)
+      each(l.ids[i], sized ? l.sizes[i] : unknown_payload_size);
   }
   return all_complete && seen_owners == owners.size();
 }
@@ -103,6 +113,14 @@ get_status get_with(const Store& store, const payload_id& id, std::vector<std::b
   else
     return store.get(id, out);
 }
+
+/// get_with for a payload whose manifest says it is `expected_bytes` long (or
+/// unknown_payload_size): that size caps the get (a controllable store refuses a longer body as it arrives), and a payload
+/// found with any other length throws errc::transport_failure naming the payload and both
+/// sizes (a body cut short or replaced; it is never handed to the receiver).
+template <payload_store Store>
+get_status get_listed(const Store& store, const payload_id& id, std::vector<std::byte>& out,
+                      get_control control, std::uint64_t expected_bytes);
 
 template <class S>
 concept payload_source =
@@ -157,6 +175,9 @@ class store_source {
   // was not absent at its last get (one that was waits for the next poll).
   bool refill();
 
+  // What the manifest says of `id`'s size, or unknown_payload_size.
+  [[nodiscard]] std::uint64_t size_of(const payload_id& id) const;
+
   void cancel_in_flight();
 
   Store* store_;
@@ -170,6 +191,7 @@ class store_source {
   std::set<payload_id> delivered_;
   std::deque<payload_id> pending_;
   std::vector<payload_id> missing_;
+  std::map<payload_id, std::uint64_t> sizes_;  // what the manifests say, where they say it
   bool complete_ = false;
   std::uint64_t polls_ = 0, gets_ = 0;
 };
@@ -238,6 +260,7 @@ class prefetch_source {
   attempt_key key_{};
   std::vector<std::uint32_t> owners_;
   std::set<payload_id> scheduled_, delivered_, listed_;
+  std::map<payload_id, std::uint64_t> sizes_;  // what the manifests say, where they say it
   std::deque<payload_id> queue_;
   std::deque<delivery> ready_;
   std::vector<payload_id> missing_;

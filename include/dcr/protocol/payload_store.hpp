@@ -9,7 +9,7 @@
 //   - an owner puts each payload once, as soon as it is built (payload ids are immutable
 //     names: putting an id again with other bytes is an error);
 //   - when it has put its last payload of the attempt, it puts its manifest: the complete list
-//     of its payload ids for that attempt;
+//     of its payload ids for that attempt (the stores here record each payload's size with it);
 //   - receivers list the attempt as it fills: per owner, the ids visible so far and whether the
 //     owner's manifest is complete (then the list is exactly the manifest), and get what is
 //     listed; get answers `absent` (not there, or not yet) rather than failing;
@@ -38,17 +38,33 @@
 
 namespace dcr {
 
+/// What one owner has put for one attempt so far.
+struct owner_listing {
+  std::uint32_t owner = 0;
+  std::vector<payload_id> ids;  ///< sorted by sequence
+  bool complete = false;        ///< the owner's manifest is in: `ids` is its whole list
+  /// Empty, or (a complete listing whose manifest records sizes) sizes[i] is the byte count
+  /// of ids[i]: the payload sources take it as the exact size of what they get, so that a
+  /// body that is longer is refused at its first bytes past it and one of another length is
+  /// never handed to the receiver.
+  std::vector<std::uint64_t> sizes;
+};
+
 namespace detail {
 
-/// A manifest as stores keep it: "dcr-manifest 1 <count>\n", then one sequence number per
-/// line, in the order given.
-std::string manifest_text(std::span<const payload_id> ids);
+/// A manifest as stores keep it: "dcr-manifest 2 <count>\n", then one line
+/// "<sequence> <bytes>\n" per payload, in the order given (sizes[i] belongs to ids[i]; both
+/// spans have the same length).
+std::string manifest_text(std::span<const payload_id> ids, std::span<const std::uint64_t> sizes);
 
-/// The ids a manifest of `owner` for `key` lists, sorted. Throws errc::transport_failure,
-/// prefixed with `where`, for anything but manifest_text's output (a bad header, a count that
-/// disagrees with the lines, a line that is not a sequence number).
-std::vector<payload_id> parse_manifest(std::string_view text, const attempt_key& key,
-                                              std::uint32_t owner, const std::string& where);
+/// The listing a manifest of `owner` for `key` gives: complete, ids sorted with their sizes.
+/// Reads manifest_text's output and the earlier format without sizes ("dcr-manifest 1
+/// <count>\n", one sequence number per line; `sizes` stays empty). Throws
+/// errc::transport_failure, prefixed with `where`, for anything else (a bad header, a count
+/// that disagrees with the lines, a line that is not a sequence number and a size of at least
+/// one byte, a sequence listed twice).
+owner_listing parse_manifest(std::string_view text, const attempt_key& key, std::uint32_t owner,
+                             const std::string& where);
 
 }  // namespace detail
 
@@ -57,13 +73,6 @@ std::vector<payload_id> parse_manifest(std::string_view text, const attempt_key&
 /// e.g. the owner end of a push transport) declares `payload_sink_tag`; every store is a sink.
 struct payload_sink_tag {};
 struct payload_store_tag : payload_sink_tag {};
-
-/// What one owner has put for one attempt so far.
-struct owner_listing {
-  std::uint32_t owner = 0;
-  std::vector<payload_id> ids;  ///< sorted by sequence
-  bool complete = false;        ///< the owner's manifest is in: `ids` is its whole list
-};
 
 /// Result of a get.
 enum class get_status {
@@ -136,7 +145,7 @@ class memory_payload_store {
  private:
   mutable std::mutex mutex_;
   std::map<payload_id, std::vector<std::byte>> objects_;
-  std::map<attempt_key, std::map<std::uint32_t, std::vector<payload_id>>> manifests_;
+  std::map<attempt_key, std::map<std::uint32_t, owner_listing>> manifests_;
   std::uint64_t bytes_put_ = 0;
 };
 

@@ -5,6 +5,21 @@
 namespace dcr {
 
 template <payload_store Store>
+get_status get_listed(const Store& store, const payload_id& id, std::vector<std::byte>& out,
+                      get_control control, std::uint64_t expected_bytes) {
+  const bool known = expected_bytes != unknown_payload_size;
+  // A cap of 0 means the store's own: an empty payload is held to its size below instead.
+  if (known && expected_bytes != 0 && (control.max_bytes == 0 || control.max_bytes > expected_bytes))
+    control.max_bytes = expected_bytes;
+  const get_status status = get_with(store, id, out, control);
+  DCR_EXPECTS(status != get_status::found || !known || out.size() == expected_bytes,
+              errc::transport_failure,
+              "payload " + to_string(id) + ": got " + std::to_string(out.size()) +
+                  " bytes, its owner's manifest says " + std::to_string(expected_bytes));
+  return status;
+}
+
+template <payload_store Store>
 void store_source<Store>::open(const attempt_key& key, std::span<const std::uint32_t> owners) {
   cancel_in_flight();
   key_ = key;
@@ -12,6 +27,7 @@ void store_source<Store>::open(const attempt_key& key, std::span<const std::uint
   std::sort(owners_.begin(), owners_.end());
   delivered_.clear();
   pending_.clear();
+  sizes_.clear();
 }
 
 template <payload_store Store>
@@ -20,10 +36,11 @@ source_status store_source<Store>::next(delivery& out, protocol_clock::time_poin
     if (!in_flight_.valid() && !pending_.empty()) {
       in_flight_id_ = pending_.front();
       pending_.pop_front();
-      in_flight_ = std::async(std::launch::async, [this] {
+      const auto expected = size_of(in_flight_id_);
+      in_flight_ = std::async(std::launch::async, [this, expected] {
         get_control c;
         c.cancel = &cancel_;
-        return get_with(*store_, in_flight_id_, in_flight_bytes_, c);
+        return get_listed(*store_, in_flight_id_, in_flight_bytes_, c, expected);
       });
     }
     if (in_flight_.valid()) {
@@ -56,7 +73,13 @@ bool store_source<Store>::refetch(const payload_id& id, std::vector<std::byte>& 
   get_control c;
   c.cancel = &cancel_;
   c.fresh = true;
-  return get_with(*store_, id, bytes, c) == get_status::found;
+  return get_listed(*store_, id, bytes, c, size_of(id)) == get_status::found;
+}
+
+template <payload_store Store>
+std::uint64_t store_source<Store>::size_of(const payload_id& id) const {
+  const auto it = sizes_.find(id);
+  return it == sizes_.end() ? unknown_payload_size : it->second;
 }
 
 template <payload_store Store>
@@ -78,7 +101,9 @@ template <payload_store Store>
 bool store_source<Store>::refill() {
   const std::set<payload_id> absent(missing_.begin(), missing_.end());
   bool fresh = false;
-  complete_ = detail::for_each_listed(store_->list(key_), owners_, [&](const payload_id& id) {
+  complete_ = detail::for_each_listed(store_->list(key_), owners_,
+                                      [&](const payload_id& id, std::uint64_t bytes) {
+    if (bytes != unknown_payload_size) sizes_[id] = bytes;
     if (delivered_.contains(id)) return;
     pending_.push_back(id);
     fresh = fresh || !absent.contains(id);
@@ -121,6 +146,7 @@ void prefetch_source<Store>::open(const attempt_key& key, std::span<const std::u
   scheduled_.clear();
   delivered_.clear();
   listed_.clear();
+  sizes_.clear();
   queue_.clear();
   ready_.clear();
   missing_.clear();
@@ -182,14 +208,16 @@ source_status prefetch_source<Store>::next(delivery& out, protocol_clock::time_p
 template <payload_store Store>
 bool prefetch_source<Store>::refetch(const payload_id& id, std::vector<std::byte>& bytes) {
   std::shared_ptr<std::atomic<bool>> cancel;
+  std::uint64_t expected = unknown_payload_size;
   {
     std::lock_guard lock(mutex_);
     cancel = cancel_;
+    if (const auto it = sizes_.find(id); it != sizes_.end()) expected = it->second;
   }
   get_control c;
   c.cancel = cancel.get();
   c.fresh = true;
-  return get_with(*store_, id, bytes, c) == get_status::found;
+  return get_listed(*store_, id, bytes, c, expected) == get_status::found;
 }
 
 template <payload_store Store>
@@ -219,7 +247,9 @@ std::uint64_t prefetch_source<Store>::gets() const {
 template <payload_store Store>
 void prefetch_source<Store>::merge(const std::vector<owner_listing>& listing) {
   std::set<payload_id> listed;
-  listing_complete_ = detail::for_each_listed(listing, owners_, [&](const payload_id& id) {
+  listing_complete_ = detail::for_each_listed(listing, owners_,
+                                              [&](const payload_id& id, std::uint64_t bytes) {
+    if (bytes != unknown_payload_size) sizes_[id] = bytes;
     listed.insert(id);
     if (scheduled_.insert(id).second) queue_.push_back(id);
   });
@@ -238,6 +268,8 @@ void prefetch_source<Store>::work() {
     if (stop_) return;
     const payload_id id = queue_.front();
     queue_.pop_front();
+    const auto sized = sizes_.find(id);
+    const std::uint64_t expected = sized == sizes_.end() ? unknown_payload_size : sized->second;
     const auto epoch = epoch_;
     const auto cancel = cancel_;
     ++in_flight_;
@@ -249,7 +281,7 @@ void prefetch_source<Store>::work() {
     try {
       get_control c;
       c.cancel = cancel.get();
-      status = get_with(*store_, id, d.bytes, c);
+      status = get_listed(*store_, id, d.bytes, c, expected);
     } catch (...) {
       failed = std::current_exception();
     }

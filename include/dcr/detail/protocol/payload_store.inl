@@ -20,12 +20,19 @@ DCR_INLINE void memory_payload_store::put(const payload_id& id, std::span<const 
 DCR_INLINE void memory_payload_store::put_manifest(const attempt_key& key, std::uint32_t owner,
                                                    std::span<const payload_id> ids) {
   std::lock_guard lock(mutex_);
-  for (const auto& id : ids)
-    DCR_EXPECTS(objects_.contains(id) && id.attempt == key && id.owner == owner,
+  std::vector<payload_id> sorted(ids.begin(), ids.end());
+  std::sort(sorted.begin(), sorted.end());
+  owner_listing manifest{owner, {}, true, {}};
+  for (const auto& id : sorted) {
+    const auto it = objects_.find(id);
+    DCR_EXPECTS(it != objects_.end() && id.attempt == key && id.owner == owner,
                 errc::transport_failure,
                 "memory_payload_store: manifest of owner " + std::to_string(owner) +
                     " lists a payload that was not put for its attempt");
-  manifests_[key][owner] = std::vector<payload_id>(ids.begin(), ids.end());
+    manifest.ids.push_back(id);
+    manifest.sizes.push_back(it->second.size());
+  }
+  manifests_[key][owner] = std::move(manifest);
 }
 
 DCR_INLINE std::vector<owner_listing> memory_payload_store::list(const attempt_key& key) const {
@@ -38,7 +45,7 @@ DCR_INLINE std::vector<owner_listing> memory_payload_store::list(const attempt_k
     l.ids.push_back(it->first);
   }
   if (auto m = manifests_.find(key); m != manifests_.end())
-    for (const auto& [owner, ids] : m->second) by_owner[owner] = {owner, ids, true};
+    for (const auto& [owner, manifest] : m->second) by_owner[owner] = manifest;
   std::vector<owner_listing> out;
   for (auto& [owner, l] : by_owner) out.push_back(std::move(l));
   return out;
@@ -100,12 +107,16 @@ DCR_INLINE void file_payload_store::put_manifest(const attempt_key& key, std::ui
                                                  std::span<const payload_id> ids) {
   const auto path = attempt_dir(key) / ("o" + std::to_string(owner)) / "manifest";
   guarded(path, [&] {
-    for (const auto& id : ids)
-      DCR_EXPECTS(id.attempt == key && id.owner == owner && io::path_exists(payload_path(id)),
-                  errc::transport_failure,
+    std::vector<std::uint64_t> sizes;
+    for (const auto& id : ids) {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(payload_path(id), ec);
+      DCR_EXPECTS(id.attempt == key && id.owner == owner && !ec, errc::transport_failure,
                   "file_payload_store: manifest '" + path.string() +
                       "' lists a payload that was not put for its attempt");
-    const std::string text = detail::manifest_text(ids);
+      sizes.push_back(size);
+    }
+    const std::string text = detail::manifest_text(ids, sizes);
     std::filesystem::create_directories(path.parent_path());
     io::atomic_file f(path);
     f.write_at(std::as_bytes(std::span(text)), 0);
@@ -130,17 +141,16 @@ DCR_INLINE std::vector<owner_listing> file_payload_store::list(const attempt_key
       if (io::path_exists(manifest)) {
         std::vector<std::byte> raw;
         read_file(manifest, raw);
-        l.ids = detail::parse_manifest(
+        l = detail::parse_manifest(
             std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()), key, l.owner,
             "file_payload_store: manifest '" + manifest.string() + "'");
-        l.complete = true;
       } else {
         for (const auto& p : std::filesystem::directory_iterator(o.path())) {
           const auto seq = detail::parse_number(p.path().filename().string(), "p", UINT32_MAX);
           if (seq) l.ids.push_back(payload_id{key, l.owner, static_cast<std::uint32_t>(*seq)});
         }
       }
-      std::sort(l.ids.begin(), l.ids.end());
+      if (!l.complete) std::sort(l.ids.begin(), l.ids.end());  // a manifest's come sorted
       out.push_back(std::move(l));
     }
   });
@@ -203,36 +213,64 @@ DCR_INLINE void file_payload_store::read_file(const std::filesystem::path& path,
 
 namespace dcr::detail {
 
-DCR_INLINE std::string manifest_text(std::span<const payload_id> ids) {
-  std::string text = "dcr-manifest 1 " + std::to_string(ids.size()) + "\n";
-  for (const auto& id : ids) text += std::to_string(id.sequence) + "\n";
+DCR_INLINE std::string manifest_text(std::span<const payload_id> ids,
+                                     std::span<const std::uint64_t> sizes) {
+  DCR_EXPECTS(ids.size() == sizes.size(), errc::invalid_argument,
+              "manifest_text: " + std::to_string(ids.size()) + " ids but " +
+                  std::to_string(sizes.size()) + " sizes");
+  std::string text = "dcr-manifest 2 " + std::to_string(ids.size()) + "\n";
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    text += std::to_string(ids[i].sequence) + " " + std::to_string(sizes[i]) + "\n";
   return text;
 }
 
-DCR_INLINE std::vector<payload_id> parse_manifest(std::string_view text, const attempt_key& key,
-                                                  std::uint32_t owner, const std::string& where) {
-  const auto damaged = [&](const std::string& why) -> std::vector<payload_id> {
+DCR_INLINE owner_listing parse_manifest(std::string_view text, const attempt_key& key,
+                                        std::uint32_t owner, const std::string& where) {
+  const auto damaged = [&](const std::string& why) -> owner_listing {
     throw error(errc::transport_failure, where + " is damaged: " + why);
   };
-  constexpr std::string_view magic = "dcr-manifest 1 ";
+  constexpr std::string_view magic_sizes = "dcr-manifest 2 ", magic_ids = "dcr-manifest 1 ";
+  const bool with_sizes = text.starts_with(magic_sizes);
   const auto first = text.find('\n');
-  if (!text.starts_with(magic) || first == std::string_view::npos) return damaged("no header");
-  const auto count = parse_number(text.substr(magic.size(), first - magic.size()), "", UINT32_MAX);
+  if ((!with_sizes && !text.starts_with(magic_ids)) || first == std::string_view::npos)
+    return damaged("no header");
+  const std::size_t header = magic_sizes.size();  // both magics have this length
+  const auto count = parse_number(text.substr(header, first - header), "", UINT32_MAX);
   if (!count) return damaged("bad count");
-  std::vector<payload_id> ids;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> lines;  // sequence, bytes
   for (std::size_t at = first + 1; at < text.size();) {
     const auto nl = text.find('\n', at);
     if (nl == std::string_view::npos) return damaged("unterminated line");
-    const auto seq = parse_number(text.substr(at, nl - at), "", UINT32_MAX);
-    if (!seq) return damaged("bad sequence number '" + std::string(text.substr(at, nl - at)) + "'");
-    ids.push_back(payload_id{key, owner, static_cast<std::uint32_t>(*seq)});
+    const std::string_view line = text.substr(at, nl - at);
+    const auto space = with_sizes ? line.find(' ') : std::string_view::npos;
+    if (with_sizes && space == std::string_view::npos)
+      return damaged("line '" + std::string(line) + "' has no size");
+    const auto seq = parse_number(line.substr(0, space), "", UINT32_MAX);
+    if (!seq) return damaged("bad sequence number in line '" + std::string(line) + "'");
+    std::uint64_t bytes = 0;
+    if (with_sizes) {
+      const auto size = parse_number(line.substr(space + 1), "", UINT64_MAX);
+      if (!size) return damaged("bad size in line '" + std::string(line) + "'");
+      bytes = *size;
+    }
+    lines.emplace_back(static_cast<std::uint32_t>(*seq), bytes);
     at = nl + 1;
   }
-  if (ids.size() != *count)
-    return damaged("lists " + std::to_string(ids.size()) + " payloads, its header " +
+  if (lines.size() != *count)
+    return damaged("lists " + std::to_string(lines.size()) + " payloads, its header " +
                    std::to_string(*count));
-  std::sort(ids.begin(), ids.end());
-  return ids;
+  std::sort(lines.begin(), lines.end());
+  for (std::size_t i = 1; i < lines.size(); ++i)
+    if (lines[i].first == lines[i - 1].first)
+      return damaged("lists sequence " + std::to_string(lines[i].first) + " twice");
+  owner_listing out;
+  out.owner = owner;
+  out.complete = true;
+  for (const auto& [seq, bytes] : lines) {
+    out.ids.push_back(payload_id{key, owner, seq});
+    if (with_sizes) out.sizes.push_back(bytes);
+  }
+  return out;
 }
 
 }  // namespace dcr::detail

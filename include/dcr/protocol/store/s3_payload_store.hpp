@@ -17,7 +17,7 @@
 //     part_size, and a failed multipart upload is aborted.
 //   - put_manifest checks with one listing that every id it names was put for its attempt by
 //     its owner, then writes the manifest object (replacing an earlier one, as the file store
-//     does).
+//     does) with each payload's size from that listing.
 //   - list(key) is ListObjectsV2 over the attempt's prefix, every page; an owner with a
 //     manifest lists exactly its manifest's ids (manifests are read once per ETag and cached),
 //     an owner without one lists the payload objects seen. Objects of other names under the
@@ -45,10 +45,11 @@
 // Content-Length or as soon as it grows past the cap, and never retried. get(id, out, control)
 // ends at once (within about a second) when the control's flag is set or its deadline passes,
 // also while waiting between retries; the payload sources use it to cancel the gets of an
-// attempt the receiver left (a fence, a deadline). The sizes of payloads are not in the
-// manifests, so the cap is a bound, not the exact size; the payload's checksum, checked by the
-// receiver (and by fanout_store before it shares a copy), catches a body cut or altered to the
-// same length.
+// attempt the receiver left (a fence, a deadline). The manifests record each payload's size
+// and the payload sources pass it as the cap of every get of a payload its owner's manifest
+// lists, and refuse a body of any other length (get_listed in dcr/protocol/payload_source.hpp);
+// the payload's checksum, checked by the receiver (and by fanout_store before it shares a
+// copy), catches a body altered to the same length.
 //
 // https: the endpoint https://... is verified against the system's CAs, or against
 // s3_options::ca_file (from AWS_CA_BUNDLE in from_environment).
@@ -242,6 +243,7 @@ class s3_payload_store {
   struct listed_object {
     std::string key;
     std::string etag;
+    std::uint64_t size = 0;
   };
   struct list_result {
     std::vector<listed_object> objects;
@@ -305,8 +307,11 @@ class s3_payload_store {
 
   std::vector<listed_object> list_all(const std::string& prefix) const;
 
-  // The manifest's ids (nullopt if it vanished since the listing), read once per ETag.
-  std::optional<std::vector<payload_id>> read_manifest(const attempt_key& key, std::uint32_t owner,
+  // A listing's <Size>; std::invalid_argument (an unreadable reply) if it is not a number.
+  static std::uint64_t object_size(std::string_view text);
+
+  // The manifest's listing (nullopt if it vanished since the listing), read once per ETag.
+  std::optional<owner_listing> read_manifest(const attempt_key& key, std::uint32_t owner,
                                                        const std::string& etag) const;
 
   // DELETE every key, parallel_deletes at a time; the first failure is rethrown after all ran.
@@ -316,7 +321,7 @@ class s3_payload_store {
   mutable detail::s3::client client_;
   mutable counters stats_;
   mutable std::mutex cache_mutex_;
-  mutable std::map<std::pair<attempt_key, std::uint32_t>, std::pair<std::string, std::vector<payload_id>>>
+  mutable std::map<std::pair<attempt_key, std::uint32_t>, std::pair<std::string, owner_listing>>
       manifest_cache_;
 };
 

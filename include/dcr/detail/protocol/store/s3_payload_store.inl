@@ -22,20 +22,22 @@ inline void s3_payload_store::put(const payload_id& id, std::span<const std::byt
 inline void s3_payload_store::put_manifest(const attempt_key& key, std::uint32_t owner,
                                            std::span<const payload_id> ids) {
   const std::string object = owner_prefix(key, owner) + "manifest";
-  std::vector<std::uint32_t> present;
+  std::map<std::uint32_t, std::uint64_t> present;  // sequence -> the object's size
   if (!ids.empty())
     for (const auto& entry : list_all(owner_prefix(key, owner)))
       if (const auto p = parse_owner_entry(entry.key.substr(attempt_prefix(key).size()));
           p && !p->manifest)
-        present.push_back(p->sequence);
-  std::sort(present.begin(), present.end());
-  for (const auto& id : ids)
-    DCR_EXPECTS(id.attempt == key && id.owner == owner &&
-                    std::binary_search(present.begin(), present.end(), id.sequence),
+        present[p->sequence] = entry.size;
+  std::vector<std::uint64_t> sizes;
+  for (const auto& id : ids) {
+    const auto it = present.find(id.sequence);
+    DCR_EXPECTS(id.attempt == key && id.owner == owner && it != present.end(),
                 errc::transport_failure,
                 "s3_payload_store: manifest " + client_.where(object) +
                     " lists a payload that was not put for its attempt");
-  const std::string text = detail::manifest_text(ids);
+    sizes.push_back(it->second);
+  }
+  const std::string text = detail::manifest_text(ids, sizes);
   client_.call(put_request(object, std::as_bytes(std::span(text)), false));
 }
 
@@ -55,11 +57,10 @@ inline std::vector<owner_listing> s3_payload_store::list(const attempt_key& key)
     }
   }
   for (const auto& [owner, etag] : manifest_etags)
-    if (auto ids = read_manifest(key, owner, etag))
-      by_owner[owner] = {owner, std::move(*ids), true};
+    if (auto manifest = read_manifest(key, owner, etag)) by_owner[owner] = std::move(*manifest);
   std::vector<owner_listing> out;
   for (auto& [owner, l] : by_owner) {
-    std::sort(l.ids.begin(), l.ids.end());
+    if (!l.complete) std::sort(l.ids.begin(), l.ids.end());  // a manifest's come sorted
     out.push_back(std::move(l));
   }
   return out;
@@ -408,7 +409,8 @@ inline s3_payload_store::list_result s3_payload_store::list_page(
   try {
     for (const auto c : detail::s3::elements(resp.text, "Contents"))
       out.objects.push_back({detail::s3::first_text(c, "Key").value_or(""),
-                             detail::s3::first_text(c, "ETag").value_or("")});
+                             detail::s3::first_text(c, "ETag").value_or(""),
+                             object_size(detail::s3::first_text(c, "Size").value_or(""))});
     for (const auto c : detail::s3::elements(resp.text, "CommonPrefixes"))
       out.common_prefixes.push_back(detail::s3::first_text(c, "Prefix").value_or(""));
     if (detail::s3::first_text(resp.text, "IsTruncated").value_or("false") == "true") {
@@ -439,7 +441,13 @@ inline std::vector<s3_payload_store::listed_object> s3_payload_store::list_all(
   return out;
 }
 
-inline std::optional<std::vector<payload_id>> s3_payload_store::read_manifest(
+inline std::uint64_t s3_payload_store::object_size(std::string_view text) {
+  const auto size = detail::parse_number(text, "", UINT64_MAX);
+  if (!size) throw std::invalid_argument("an object's Size is '" + std::string(text) + "'");
+  return *size;
+}
+
+inline std::optional<owner_listing> s3_payload_store::read_manifest(
     const attempt_key& key, std::uint32_t owner, const std::string& etag) const {
   const auto cache_key = std::make_pair(key, owner);
   {
@@ -455,15 +463,15 @@ inline std::optional<std::vector<payload_id>> s3_payload_store::read_manifest(
   r.into = &raw;
   const auto resp = client_.call(r, {404});
   if (missing(resp, r)) return std::nullopt;
-  auto ids = detail::parse_manifest(
+  auto manifest = detail::parse_manifest(
       std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()), key, owner,
       "s3_payload_store: manifest " + client_.where(r.key));
   // The ETag of what was read (the listing's may be older than a replaced manifest).
   const std::string& read_etag = resp.etag.empty() ? etag : resp.etag;
   std::lock_guard lock(cache_mutex_);
   if (manifest_cache_.size() >= 4096) manifest_cache_.clear();
-  if (!read_etag.empty()) manifest_cache_[cache_key] = {read_etag, ids};
-  return ids;
+  if (!read_etag.empty()) manifest_cache_[cache_key] = {read_etag, manifest};
+  return manifest;
 }
 
 inline void s3_payload_store::delete_all(const std::vector<std::string>& keys) {
