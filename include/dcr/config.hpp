@@ -37,11 +37,27 @@
 #define DCR_HEADER_BODIES 1
 #endif
 
+/// The library's bodies come in two parts: DCR_PART_REFIT (shapes, canonical coordinates, the
+/// apply path, the refit tasks, owner and receiver) and DCR_PART_PROTOCOL (the payload codec
+/// and the protocol). The unit with dcr/separate_compilation.hpp defines both; a program may
+/// instead split it in two units, each defining DCR_SEPARATE_LIBRARY_PART to one part's number
+/// before that include, so that the two compile in parallel (dcr's own build does). Each .inl
+/// guards its bodies with DCR_HEADER_BODIES_OF(its part).
+#define DCR_PART_REFIT 1
+#define DCR_PART_PROTOCOL 2
+#if defined(DCR_BUILDING_SEPARATE_LIBRARY) && defined(DCR_SEPARATE_LIBRARY_PART)
+#define DCR_HEADER_BODIES_OF(part) (DCR_SEPARATE_LIBRARY_PART == (part))
+#else
+#define DCR_HEADER_BODIES_OF(part) DCR_HEADER_BODIES
+#endif
+
 #if defined(DCR_SEPARATE_COMPILATION)
 /// Separate compilation only: `extern template` (an explicit instantiation declaration) where
 /// the program's units use a template dcr instantiates once for them, `template` (the
-/// definition) in the unit with dcr/separate_compilation.hpp.
-#if defined(DCR_BUILDING_SEPARATE_LIBRARY)
+/// definition) in the unit with dcr/separate_compilation.hpp (of DCR_PART_REFIT, where the
+/// explicit instantiations are, when that unit is split).
+#if defined(DCR_BUILDING_SEPARATE_LIBRARY) && \
+    (!defined(DCR_SEPARATE_LIBRARY_PART) || DCR_SEPARATE_LIBRARY_PART == DCR_PART_REFIT)
 #define DCR_EXPLICIT_INSTANTIATION template
 #else
 #define DCR_EXPLICIT_INSTANTIATION extern template

@@ -9,6 +9,9 @@
 //
 // That unit defines every non-template function of the headers dcr/dcr.hpp includes; the
 // program's other units then compile only the templates they instantiate with their own types.
+// It may be split in two units that compile in parallel: each defines DCR_SEPARATE_LIBRARY_PART
+// to DCR_PART_REFIT or DCR_PART_PROTOCOL before this include and defines that part's bodies
+// (dcr/config.hpp; examples/separate_compilation_{refit,protocol}.cpp).
 // Headers outside the umbrella (dcr/io/, the networked control planes and stores, dcr/exec/)
 // stay header-only in both modes and need nothing here.
 #pragma once

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Every header whose bodies live in a detail/*.inl behind DCR_HEADER_BODIES gets them.
+"""Every header whose bodies live in a detail/*.inl behind DCR_HEADER_BODIES_OF gets them.
 
-A .inl guarded by `#if DCR_HEADER_BODIES` compiles nothing when dcr/config.hpp has not been
-included before it (an undefined macro is 0 in #if): in header-only mode the header would then
-declare functions nobody defines, and a program that includes only that header fails to link.
+A .inl guarded by `#if DCR_HEADER_BODIES_OF(part)` needs dcr/config.hpp included before it:
+without it the guard does not compile, or (with a plain `#if DCR_HEADER_BODIES`, an undefined
+macro being 0 in #if) compiles nothing, and in header-only mode the header would then declare
+functions nobody defines, so that a program that includes only that header fails to link.
 For each such .inl, this preprocesses its header alone, in header-only mode, and checks that
 dcr/config.hpp was entered before the .inl, and that the header includes its .inl at all.
 

@@ -383,6 +383,299 @@ supervision supervise_agents(const simulate_settings& s, const std::vector<std::
   return out;
 }
 
+/// The agents' lines of each step (results/<role>-<id>.jsonl), by step.
+struct agent_lines {
+  std::vector<json> coordinator;                             ///< one line per step, in order
+  std::map<std::uint64_t, std::vector<json>> receivers, owners;
+};
+
+agent_lines read_agent_lines(const simulate_settings& s, const std::vector<std::uint32_t>& owners) {
+  const fs::path results = fs::path(s.workdir) / "results";
+  agent_lines out;
+  out.coordinator = read_lines(results / "coordinator-0.jsonl");
+  for (int r = 0; r < s.receiver_tp; ++r)
+    for (auto& j : read_lines(results / ("receiver-" + std::to_string(r) + ".jsonl")))
+      out.receivers[j["step"].get<std::uint64_t>()].push_back(j);
+  for (auto o : owners)
+    for (auto& j : read_lines(results / ("owner-" + std::to_string(o) + ".jsonl")))
+      out.owners[j["step"].get<std::uint64_t>()].push_back(j);
+  return out;
+}
+
+/// Which device ran each stage, as the processes themselves report it.
+struct stage_devices {
+  std::string requested, detect, apply;
+  [[nodiscard]] json to_json() const {
+    return {{"detect", detect}, {"project", detect},   {"tracker_update", detect},
+            {"residual", "cpu"}, {"encode", "cpu"},    {"compress", "cpu"},
+            {"decode", "cpu"},   {"apply", apply},     {"verify", "cpu"}};
+  }
+};
+
+stage_devices stage_devices_of(const simulate_settings& s, agent_lines& lines) {
+  std::set<std::string> detect_devices, apply_devices;
+  for (const auto& [step, owner_lines] : lines.owners)
+    for (const auto& o : owner_lines)
+      if (o.contains("devices")) detect_devices.insert(o["devices"]["detect"].get<std::string>());
+  for (const auto& [step, receiver_lines] : lines.receivers)
+    for (const auto& r : receiver_lines)
+      if (r.contains("apply_device")) apply_devices.insert(r["apply_device"].get<std::string>());
+  stage_devices d;
+  d.requested = dcr::exec::device_name(s.device);
+  d.detect = joined(detect_devices, d.requested);
+  d.apply = joined(apply_devices, d.requested);
+  return d;
+}
+
+/// The steps as the report lists them, and whether each committed exactly once and bit-exact.
+struct step_reports {
+  json steps = json::array();
+  bool all_ok = true;
+  std::uint64_t fenced = 0, restores = 0;
+};
+
+/// One step's report from the coordinator's line `st`, the agents' lines of that step and the
+/// control plane's history; `previous_revision` is the last committed version's revision
+/// (committed in order: each step's must be later). Sets `exact` to whether it committed once
+/// and every receiver rank verified it bit-exact.
+json step_report(const simulate_settings& s, const json& st, agent_lines& lines,
+                 const plane_history& history, std::int64_t& previous_revision,
+                 std::set<std::uint64_t>& committed_versions, step_reports& totals, bool& exact) {
+  const auto step = st["step"].get<std::uint64_t>();
+  const bool committed = st["committed"].get<bool>();
+  // Committed exactly once: the coordinator reported the step once, and the control plane's
+  // history holds it once, for its own candidate, after the step before.
+  const auto h = history.versions.find(step);
+  const bool in_history = h != history.versions.end() &&
+                          h->second.first.candidate == "step " + std::to_string(step) &&
+                          h->second.second > previous_revision;
+  if (in_history) previous_revision = h->second.second;
+  const bool once = committed_versions.insert(step).second && in_history;
+  // Every receiver reports the steps it held; all of them must be bit-exact, and every
+  // receiver rank must have verified this step (a restarted one verifies after its restore).
+  exact = committed && once;
+  std::set<std::string> ranks;
+  std::string mismatch;
+  for (const auto& r : lines.receivers[step]) {
+    exact = exact && r["bit_exact"].get<bool>();
+    if (!r["bit_exact"].get<bool>()) mismatch = r["mismatch"].get<std::string>();
+    ranks.insert(r["name"].get<std::string>());
+    totals.fenced += r["stale_refused"].get<std::uint64_t>();
+  }
+  totals.restores += st["restores"].get<std::uint64_t>();
+  std::set<std::string> expected_ranks;
+  for (int r = 0; r < s.receiver_tp; ++r) expected_ranks.insert("r" + std::to_string(r));
+  exact = exact && ranks == expected_ranks;
+  std::uint64_t bytes = 0, payloads = 0, changed = 0, refetched = 0;
+  double build = 0, compress = 0, apply = 0, fetch = 0;
+  json failures_list = json::array();
+  for (const auto& a : st["attempts"]) {
+    if (!a["failure"].get<std::string>().empty()) failures_list.push_back(a["failure"]);
+    for (const auto& r : a["reports"]) {
+      bytes += r["payload_bytes"].get<std::uint64_t>();
+      payloads += r["payloads"].get<std::uint64_t>();
+      if (a["committed"].get<bool>()) {
+        changed += r["stats"]["changed_elements"].get<std::uint64_t>();
+        build = std::max(build, r["build_seconds"].get<double>());
+        compress = std::max(compress, r["compress_seconds"].get<double>() + r["put_seconds"].get<double>());
+      }
+    }
+    for (const auto& k : a["acks"]) refetched += k.value("refetched", std::uint64_t{0});
+    if (a["committed"].get<bool>())
+      for (const auto& k : a["acks"]) {
+        apply = std::max(apply, k["apply_seconds"].get<double>());
+        fetch = std::max(fetch, k["fetch_seconds"].get<double>());
+      }
+  }
+  // Cross-cluster flows: the bytes every process moved over each node's flow this step; the
+  // busiest flow's booked time is the step's transport lower bound.
+  std::map<std::string, std::uint64_t> flows;
+  for (const auto* agent : {&lines.owners[step], &lines.receivers[step]})
+    for (const auto& line : *agent)
+      if (line.contains("flows"))
+        for (const auto& [name, b] : line["flows"].items()) flows[name] += b.get<std::uint64_t>();
+  std::uint64_t crossing = 0, busiest = 0;
+  for (const auto& [name, b] : flows) {
+    crossing += b;
+    busiest = std::max(busiest, b);
+  }
+  const json transport_seconds =
+      s.link_rate > 0 ? json(static_cast<double>(busiest) / s.link_rate) : json(nullptr);
+  json one{{"step", step}, {"committed", committed}, {"committed_once", once},
+           {"bit_exact", exact}, {"attempts", st["attempts"].size()},
+           {"payloads", payloads}, {"payload_bytes", bytes}, {"changed_elements", changed},
+           {"refetched", refetched},
+           {"restores", st["restores"]}, {"committed_by_other", st["committed_by_other"]},
+           {"seconds", {{"refit", st["seconds"]}, {"commit", st["commit_seconds"]},
+                        {"build", build}, {"compress_put", compress}, {"fetch", fetch},
+                        {"apply", apply},
+                        {"waiting_for_candidates", st.value("wait_seconds", 0.0)},
+                        {"cleanup", st.value("cleanup_seconds", 0.0)},
+                        {"transport", transport_seconds}}},
+           {"bytes_crossing", crossing}, {"flows", flows},
+           {"failures", failures_list}};
+  one["history"] = h == history.versions.end()
+                       ? json(nullptr)
+                       : json{{"attempt", h->second.first.attempt}, {"revision", h->second.second},
+                              {"candidate", h->second.first.candidate}};
+  if (!mismatch.empty()) one["mismatch"] = mismatch;
+  if (!lines.owners[step].empty()) {
+    json timelines = json::array();
+    for (const auto& o : lines.owners[step])
+      timelines.push_back({{"owner", o["report"]["owner"]}, {"timeline", o["timeline"]}});
+    one["owner_timelines"] = timelines;
+    one["begin_unix"] = st["begin_unix"];
+    one["end_unix"] = st["end_unix"];
+  }
+  json timelines = json::array();
+  for (const auto& r : lines.receivers[step])
+    if (r.contains("timeline")) timelines.push_back({{"receiver", r["name"]}, {"timeline", r["timeline"]}});
+  one["receiver_timelines"] = timelines;
+  return one;
+}
+
+step_reports report_steps_of(const simulate_settings& s, agent_lines& lines, const plane_history& history) {
+  step_reports out;
+  std::int64_t previous_revision = 0;
+  std::set<std::uint64_t> committed_versions;
+  out.all_ok = static_cast<std::int64_t>(lines.coordinator.size()) == s.steps;
+  for (const auto& st : lines.coordinator) {
+    bool exact = false;
+    out.steps.push_back(step_report(s, st, lines, history, previous_revision, committed_versions, out, exact));
+    out.all_ok = out.all_ok && exact;
+  }
+  return out;
+}
+
+/// Whether the control plane's history holds every version once, and its figures.
+json history_report(const simulate_settings& s, const plane_history& history, bool& exact) {
+  exact = history.problems.empty() && history.versions.size() == static_cast<std::size_t>(s.steps) &&
+          history.committed == static_cast<std::uint64_t>(s.steps);
+  return {{"versions", history.versions.size()}, {"commit_version", history.committed},
+          {"exactly_once", exact}, {"problems", history.problems}};
+}
+
+/// Every --kill must have happened: a recovery test whose kill never fired proves nothing.
+json kills_report(const simulate_settings& s, const std::set<fired_kill>& fired, bool& all_fired) {
+  all_fired = true;
+  json out = json::array();
+  for (const auto& k : s.kills) {
+    const bool happened = fired.count({k.role, k.id, k.step}) > 0;
+    out.push_back({{"role", k.role}, {"id", k.id}, {"step", k.step}, {"fired", happened}});
+    if (!happened)
+      fmt::print(stderr, "dcr simulate: --kill {}/{}:{} never fired (the process did not reach that point of step {})\n",
+                 k.role, k.id, k.step, k.step);
+    all_fired = all_fired && happened;
+  }
+  return out;
+}
+
+json processes_report(const supervision& run) {
+  json out = json::array();
+  for (const auto& c : run.finished)
+    out.push_back({{"role", c.role}, {"id", c.id}, {"pid", c.pid}, {"restarted", c.restarted},
+                   {"peak_rss_bytes", c.peak_rss_bytes},
+                   {"exit", WIFEXITED(c.status) ? WEXITSTATUS(c.status) : -WTERMSIG(c.status)}});
+  return out;
+}
+
+/// What the report of a run says, gathered.
+struct run_report {
+  std::uint64_t checkpoint_bytes = 0;
+  std::size_t canonical_tensors = 0, owners = 0;
+  const supervision* run = nullptr;
+  stage_devices devices;
+  step_reports steps;
+  json processes, history, kills;
+  std::optional<json> chaos;
+  std::optional<reference_result> reference;
+  bool all_ok = false;
+};
+
+void print_json_report(const simulate_settings& s, const run_report& r) {
+  json out{{"mode", "processes"}, {"checkpoint_bytes", r.checkpoint_bytes},
+           {"canonical_tensors", r.canonical_tensors}, {"commit", uses_etcd(s) ? s.commit : "file"},
+           {"asynchronous", s.asynchronous}, {"pipelined", s.pipelined},
+           {"transport", s.transport}, {"store", transport_description(s)},
+           {"s3_fanout", s.s3_fanout}, {"link_rate", s.link_rate},
+           {"trainer_nodes", s.trainer_nodes}, {"rollout_nodes", s.rollout_nodes},
+           {"steps", r.steps.steps}, {"processes", r.processes}, {"restores", r.steps.restores},
+           {"fenced_payloads", r.steps.fenced}, {"commit_outage_injected", r.run->outage_injected},
+           {"seconds", r.run->seconds},
+           {"device", {{"requested", r.devices.requested}, {"description", s.device_description}}},
+           {"stage_devices", r.devices.to_json()}, {"history", r.history}, {"kills", r.kills},
+           {"all_bit_exact", r.all_ok}};
+  if (r.chaos) out["chaos"] = *r.chaos;
+  if (r.reference)
+    out["reference"] = {{"seconds", r.reference->seconds},
+                        {"upload_seconds", r.reference->upload_seconds},
+                        {"download_seconds", r.reference->download_seconds},
+                        {"checkpoint_bytes", r.reference->checkpoint_bytes},
+                        {"bytes_crossing", r.reference->bytes_crossing},
+                        {"transport_seconds", r.reference->transport_seconds}};
+  if (uses_relay(s)) {
+    const fs::path results = fs::path(s.workdir) / "results";
+    json roots = json::array();
+    for (int k = 0; k < s.relay_roots; ++k)
+      for (auto& j : read_lines(results / ("relay-root-" + std::to_string(k) + ".jsonl"))) {
+        j["root"] = k;
+        roots.push_back(j);
+      }
+    out["relay"] = {{"roots", s.relay_roots}, {"flows_per_root", s.relay_flows},
+                    {"port_base", s.relay_port_base}, {"root_counters", roots}};
+  }
+  fmt::print("{}\n", out.dump(2));
+}
+
+void print_human_report(const simulate_settings& s, const run_report& r) {
+  fmt::print("dcr simulate: {} processes (1 coordinator, {} owners, {} receivers{}), {:.1f} MB "
+             "checkpoint, control plane {}, {}\n",
+             r.run->processes, r.owners, s.receiver_tp,
+             uses_relay(s) ? fmt::format(", {} relay roots", s.relay_roots) : std::string(),
+             r.checkpoint_bytes / 1e6, uses_etcd(s) ? s.commit : plane_dir(s),
+             uses_relay(s) ? fmt::format("relay on 127.0.0.1:{}.., certificates {}", s.relay_port_base, s.relay_certs)
+                           : "payload store " + transport_description(s) + (s.s3_fanout ? " (fan-out)" : ""));
+  fmt::print("  device {}: detect, project, tracker update on {}; apply on {}; residual, "
+             "encode, compress, decode, verify on cpu\n",
+             s.device_description, r.devices.detect, r.devices.apply);
+  for (const auto& st : r.steps.steps)
+    fmt::print("step {:>3}: {:>11} changed  {:>12} payload bytes  {} attempt(s)  refit {:.3f} s"
+               "  (candidates {:.3f} s)  {}{}\n",
+               st["step"].get<std::uint64_t>(), st["changed_elements"].get<std::uint64_t>(),
+               st["payload_bytes"].get<std::uint64_t>(), st["attempts"].get<std::size_t>(),
+               st["seconds"]["refit"].get<double>(),
+               st["seconds"]["waiting_for_candidates"].get<double>(),
+               st["bit_exact"].get<bool>() ? "bit-exact" : "MISMATCH",
+               st["failures"].empty() ? std::string() : "  (retried after: " + st["failures"][0].get<std::string>() + ")");
+  for (const auto& p : r.processes)
+    fmt::print("  {:<12} {:>2}  pid {:>7}  peak RSS {:>8.1f} MB{}\n", p["role"].get<std::string>(),
+               p["id"].get<int>(), p["pid"].get<int>(), p["peak_rss_bytes"].get<std::uint64_t>() / 1e6,
+               p["restarted"].get<bool>() ? "  (restarted)" : "");
+  if (r.reference)
+    fmt::print("  reference (full checkpoint through object storage): {:.3f} s (upload {:.3f} s, "
+               "download {:.3f} s), {:.1f} MB crossing\n",
+               r.reference->seconds, r.reference->upload_seconds, r.reference->download_seconds,
+               r.reference->bytes_crossing / 1e6);
+  if (r.chaos) fmt::print("{}", describe_figures(*r.chaos));
+  fmt::print("  result: {}\n", r.all_ok ? "every step committed once and bit-exact"
+                                        : "NOT every step committed once and bit-exact");
+}
+
+/// Erases the run's payloads and work directory, unless --keep.
+void clean_up(const simulate_settings& s) {
+  if (s.keep) {
+    fmt::print(stderr, "dcr simulate: kept {}\n", s.workdir);
+    return;
+  }
+  try {
+    clean_transport(s);
+  } catch (const dcr::error& e) {
+    fmt::print(stderr, "dcr simulate: could not erase the run's payloads: {}\n", e.what());
+  }
+  std::error_code ec;
+  fs::remove_all(s.workdir, ec);
+}
+
 }  // namespace
 
 int run_simulate_processes(const simulate_settings& settings) {
@@ -396,252 +689,39 @@ int run_simulate_processes(const simulate_settings& settings) {
   const auto owners = owner_ids(layout);
   const std::optional<chaos_plan> chaos = prepare_run(s, owners);
   const supervision run = supervise_agents(s, owners);
-  const auto& finished = run.finished;
-  const int failures = run.failures;
-  const double total_seconds = run.seconds;
 
-  // ---- report
-  const fs::path results = fs::path(s.workdir) / "results";
-  const auto steps = read_lines(results / "coordinator-0.jsonl");
-  std::map<std::uint64_t, std::vector<json>> receiver_lines, owner_lines;
-  for (int r = 0; r < s.receiver_tp; ++r)
-    for (auto& j : read_lines(results / ("receiver-" + std::to_string(r) + ".jsonl")))
-      receiver_lines[j["step"].get<std::uint64_t>()].push_back(j);
-  for (auto o : owners)
-    for (auto& j : read_lines(results / ("owner-" + std::to_string(o) + ".jsonl")))
-      owner_lines[j["step"].get<std::uint64_t>()].push_back(j);
-  // Which device ran each stage, as the processes themselves report it.
-  std::set<std::string> detect_devices, apply_devices;
-  for (const auto& [step, lines] : owner_lines)
-    for (const auto& o : lines)
-      if (o.contains("devices")) detect_devices.insert(o["devices"]["detect"].get<std::string>());
-  for (const auto& [step, lines] : receiver_lines)
-    for (const auto& r : lines)
-      if (r.contains("apply_device")) apply_devices.insert(r["apply_device"].get<std::string>());
-  const std::string requested = dcr::exec::device_name(s.device);
-  const std::string detect_on = joined(detect_devices, requested);
-  const std::string apply_on = joined(apply_devices, requested);
-  const json stage_devices{{"detect", detect_on},   {"project", detect_on},
-                           {"tracker_update", detect_on}, {"residual", "cpu"},
-                           {"encode", "cpu"},       {"compress", "cpu"},
-                           {"decode", "cpu"},       {"apply", apply_on},
-                           {"verify", "cpu"}};
-  // Committed exactly once: the coordinator reported the step once, and the control plane's
-  // history holds each version 1..steps once, for its own candidate, in commit order.
+  run_report r;
+  r.checkpoint_bytes = static_cast<std::uint64_t>(registry.total_bytes());
+  r.canonical_tensors = registry.size();
+  r.owners = owners.size();
+  r.run = &run;
+  agent_lines lines = read_agent_lines(s, owners);
+  r.devices = stage_devices_of(s, lines);
   const plane_history history = read_history(s);
   for (const auto& p : history.problems) fmt::print(stderr, "dcr simulate: history: {}\n", p);
-  std::int64_t previous_revision = 0;
-  std::set<std::uint64_t> committed_versions;
-  bool all_ok = failures == 0 && static_cast<std::int64_t>(steps.size()) == s.steps;
-  json report_steps = json::array();
-  std::uint64_t fenced = 0, restores = 0;
-  for (const auto& st : steps) {
-    const auto step = st["step"].get<std::uint64_t>();
-    const bool committed = st["committed"].get<bool>();
-    const auto h = history.versions.find(step);
-    const bool in_history = h != history.versions.end() &&
-                            h->second.first.candidate == "step " + std::to_string(step) &&
-                            h->second.second > previous_revision;
-    if (in_history) previous_revision = h->second.second;
-    const bool once = committed_versions.insert(step).second && in_history;
-    // Every receiver reports the steps it held; all of them must be bit-exact, and every
-    // receiver rank must have verified this step (a restarted one verifies after its restore).
-    bool exact = committed && once;
-    std::set<std::string> ranks;
-    std::string mismatch;
-    for (const auto& r : receiver_lines[step]) {
-      exact = exact && r["bit_exact"].get<bool>();
-      if (!r["bit_exact"].get<bool>()) mismatch = r["mismatch"].get<std::string>();
-      ranks.insert(r["name"].get<std::string>());
-      fenced += r["stale_refused"].get<std::uint64_t>();
-    }
-    restores += st["restores"].get<std::uint64_t>();
-    std::set<std::string> expected_ranks;
-    for (int r = 0; r < s.receiver_tp; ++r) expected_ranks.insert("r" + std::to_string(r));
-    exact = exact && ranks == expected_ranks;
-    all_ok = all_ok && exact;
-    std::uint64_t bytes = 0, payloads = 0, changed = 0, refetched = 0;
-    double build = 0, compress = 0, apply = 0, fetch = 0;
-    json failures_list = json::array();
-    for (const auto& a : st["attempts"]) {
-      if (!a["failure"].get<std::string>().empty()) failures_list.push_back(a["failure"]);
-      for (const auto& r : a["reports"]) {
-        bytes += r["payload_bytes"].get<std::uint64_t>();
-        payloads += r["payloads"].get<std::uint64_t>();
-        if (a["committed"].get<bool>()) {
-          changed += r["stats"]["changed_elements"].get<std::uint64_t>();
-          build = std::max(build, r["build_seconds"].get<double>());
-          compress = std::max(compress, r["compress_seconds"].get<double>() + r["put_seconds"].get<double>());
-        }
-      }
-      for (const auto& k : a["acks"]) refetched += k.value("refetched", std::uint64_t{0});
-      if (a["committed"].get<bool>())
-        for (const auto& k : a["acks"]) {
-          apply = std::max(apply, k["apply_seconds"].get<double>());
-          fetch = std::max(fetch, k["fetch_seconds"].get<double>());
-        }
-    }
-    // Cross-cluster flows: the bytes every process moved over each node's flow this step; the
-    // busiest flow's booked time is the step's transport lower bound.
-    std::map<std::string, std::uint64_t> flows;
-    for (const auto* lines : {&owner_lines[step], &receiver_lines[step]})
-      for (const auto& line : *lines)
-        if (line.contains("flows"))
-          for (const auto& [name, b] : line["flows"].items()) flows[name] += b.get<std::uint64_t>();
-    std::uint64_t crossing = 0, busiest = 0;
-    for (const auto& [name, b] : flows) {
-      crossing += b;
-      busiest = std::max(busiest, b);
-    }
-    const json transport_seconds =
-        s.link_rate > 0 ? json(static_cast<double>(busiest) / s.link_rate) : json(nullptr);
-    json one{{"step", step}, {"committed", committed}, {"committed_once", once},
-             {"bit_exact", exact}, {"attempts", st["attempts"].size()},
-             {"payloads", payloads}, {"payload_bytes", bytes}, {"changed_elements", changed},
-             {"refetched", refetched},
-             {"restores", st["restores"]}, {"committed_by_other", st["committed_by_other"]},
-             {"seconds", {{"refit", st["seconds"]}, {"commit", st["commit_seconds"]},
-                          {"build", build}, {"compress_put", compress}, {"fetch", fetch},
-                          {"apply", apply},
-                          {"waiting_for_candidates", st.value("wait_seconds", 0.0)},
-                          {"cleanup", st.value("cleanup_seconds", 0.0)},
-                          {"transport", transport_seconds}}},
-             {"bytes_crossing", crossing}, {"flows", flows},
-             {"failures", failures_list}};
-    one["history"] = h == history.versions.end()
-                         ? json(nullptr)
-                         : json{{"attempt", h->second.first.attempt}, {"revision", h->second.second},
-                                {"candidate", h->second.first.candidate}};
-    if (!mismatch.empty()) one["mismatch"] = mismatch;
-    if (!owner_lines[step].empty()) {
-      json timelines = json::array();
-      for (const auto& o : owner_lines[step])
-        timelines.push_back({{"owner", o["report"]["owner"]}, {"timeline", o["timeline"]}});
-      one["owner_timelines"] = timelines;
-      one["begin_unix"] = st["begin_unix"];
-      one["end_unix"] = st["end_unix"];
-    }
-    {
-      json timelines = json::array();
-      for (const auto& r : receiver_lines[step])
-        if (r.contains("timeline"))
-          timelines.push_back({{"receiver", r["name"]}, {"timeline", r["timeline"]}});
-      one["receiver_timelines"] = timelines;
-    }
-    report_steps.push_back(one);
-  }
-  const bool history_exact = history.problems.empty() &&
-                             history.versions.size() == static_cast<std::size_t>(s.steps) &&
-                             history.committed == static_cast<std::uint64_t>(s.steps);
-  all_ok = all_ok && history_exact;
-  const json history_json{{"versions", history.versions.size()}, {"commit_version", history.committed},
-                          {"exactly_once", history_exact}, {"problems", history.problems}};
-  // Every --kill must have happened: a recovery test whose kill never fired proves nothing.
-  const auto fired = fired_kills(results);
-  json kills_json = json::array();
-  for (const auto& k : s.kills) {
-    const bool happened = fired.count({k.role, k.id, k.step}) > 0;
-    kills_json.push_back({{"role", k.role}, {"id", k.id}, {"step", k.step}, {"fired", happened}});
-    if (!happened)
-      fmt::print(stderr, "dcr simulate: --kill {}/{}:{} never fired (the process did not reach that point of step {})\n",
-                 k.role, k.id, k.step, k.step);
-    all_ok = all_ok && happened;
-  }
-  std::optional<json> chaos_json;
-  if (chaos) chaos_json = chaos_figures(*chaos, report_steps, fired, run.outage_injected);
-  const bool chaos_ok = !chaos_json || (*chaos_json)["ok"].get<bool>();
-  json processes = json::array();
-  for (const auto& c : finished)
-    processes.push_back({{"role", c.role}, {"id", c.id}, {"pid", c.pid}, {"restarted", c.restarted},
-                         {"peak_rss_bytes", c.peak_rss_bytes},
-                         {"exit", WIFEXITED(c.status) ? WEXITSTATUS(c.status) : -WTERMSIG(c.status)}});
-  const auto checkpoint_bytes = static_cast<std::uint64_t>(registry.total_bytes());
+  r.steps = report_steps_of(s, lines, history);
+  bool history_exact = false, all_fired = false;
+  r.history = history_report(s, history, history_exact);
+  const auto fired = fired_kills(fs::path(s.workdir) / "results");
+  r.kills = kills_report(s, fired, all_fired);
+  r.all_ok = run.failures == 0 && r.steps.all_ok && history_exact && all_fired;
+  if (chaos) r.chaos = chaos_figures(*chaos, r.steps.steps, fired, run.outage_injected);
+  const bool chaos_ok = !r.chaos || (*r.chaos)["ok"].get<bool>();
+  r.processes = processes_report(run);
   // The reference on the same flows, after every agent has finished (nothing else runs).
-  std::optional<reference_result> reference;
   if (s.reference) {
-    reference = run_reference(s, static_cast<std::uint64_t>(s.steps));
-    for (auto& st : report_steps) {
-      const double total = st["seconds"]["refit"].get<double>();
-      st["speedup_over_reference"] = total > 0 ? reference->seconds / total : 0.0;
+    r.reference = run_reference(s, static_cast<std::uint64_t>(s.steps));
+    for (auto& st : r.steps.steps) {
+      const double refit = st["seconds"]["refit"].get<double>();
+      st["speedup_over_reference"] = refit > 0 ? r.reference->seconds / refit : 0.0;
     }
   }
-  if (s.json) {
-    json out{{"mode", "processes"}, {"checkpoint_bytes", checkpoint_bytes},
-             {"canonical_tensors", registry.size()}, {"commit", uses_etcd(s) ? s.commit : "file"},
-             {"asynchronous", s.asynchronous}, {"pipelined", s.pipelined},
-             {"transport", s.transport}, {"store", transport_description(s)},
-             {"s3_fanout", s.s3_fanout}, {"link_rate", s.link_rate},
-             {"trainer_nodes", s.trainer_nodes}, {"rollout_nodes", s.rollout_nodes},
-             {"steps", report_steps}, {"processes", processes}, {"restores", restores},
-             {"fenced_payloads", fenced}, {"commit_outage_injected", run.outage_injected},
-             {"seconds", total_seconds},
-             {"device", {{"requested", requested}, {"description", s.device_description}}},
-             {"stage_devices", stage_devices}, {"history", history_json}, {"kills", kills_json},
-             {"all_bit_exact", all_ok}};
-    if (chaos_json) out["chaos"] = *chaos_json;
-    if (reference)
-      out["reference"] = {{"seconds", reference->seconds},
-                          {"upload_seconds", reference->upload_seconds},
-                          {"download_seconds", reference->download_seconds},
-                          {"checkpoint_bytes", reference->checkpoint_bytes},
-                          {"bytes_crossing", reference->bytes_crossing},
-                          {"transport_seconds", reference->transport_seconds}};
-    if (uses_relay(s)) {
-      json roots = json::array();
-      for (int k = 0; k < s.relay_roots; ++k)
-        for (auto& j : read_lines(results / ("relay-root-" + std::to_string(k) + ".jsonl"))) {
-          j["root"] = k;
-          roots.push_back(j);
-        }
-      out["relay"] = {{"roots", s.relay_roots}, {"flows_per_root", s.relay_flows},
-                      {"port_base", s.relay_port_base}, {"root_counters", roots}};
-    }
-    fmt::print("{}\n", out.dump(2));
-  } else {
-    fmt::print("dcr simulate: {} processes (1 coordinator, {} owners, {} receivers{}), {:.1f} MB "
-               "checkpoint, control plane {}, {}\n",
-               run.processes, owners.size(), s.receiver_tp,
-               uses_relay(s) ? fmt::format(", {} relay roots", s.relay_roots) : std::string(),
-               checkpoint_bytes / 1e6, uses_etcd(s) ? s.commit : plane_dir(s),
-               uses_relay(s) ? fmt::format("relay on 127.0.0.1:{}.., certificates {}", s.relay_port_base, s.relay_certs)
-                             : "payload store " + transport_description(s) + (s.s3_fanout ? " (fan-out)" : ""));
-    fmt::print("  device {}: detect, project, tracker update on {}; apply on {}; residual, "
-               "encode, compress, decode, verify on cpu\n",
-               s.device_description, detect_on, apply_on);
-    for (const auto& st : report_steps)
-      fmt::print("step {:>3}: {:>11} changed  {:>12} payload bytes  {} attempt(s)  refit {:.3f} s"
-                 "  (candidates {:.3f} s)  {}{}\n",
-                 st["step"].get<std::uint64_t>(), st["changed_elements"].get<std::uint64_t>(),
-                 st["payload_bytes"].get<std::uint64_t>(), st["attempts"].get<std::size_t>(),
-                 st["seconds"]["refit"].get<double>(),
-                 st["seconds"]["waiting_for_candidates"].get<double>(),
-                 st["bit_exact"].get<bool>() ? "bit-exact" : "MISMATCH",
-                 st["failures"].empty() ? std::string() : "  (retried after: " + st["failures"][0].get<std::string>() + ")");
-    for (const auto& p : processes)
-      fmt::print("  {:<12} {:>2}  pid {:>7}  peak RSS {:>8.1f} MB{}\n", p["role"].get<std::string>(),
-                 p["id"].get<int>(), p["pid"].get<int>(), p["peak_rss_bytes"].get<std::uint64_t>() / 1e6,
-                 p["restarted"].get<bool>() ? "  (restarted)" : "");
-    if (reference)
-      fmt::print("  reference (full checkpoint through object storage): {:.3f} s (upload {:.3f} s, "
-                 "download {:.3f} s), {:.1f} MB crossing\n",
-                 reference->seconds, reference->upload_seconds, reference->download_seconds,
-                 reference->bytes_crossing / 1e6);
-    if (chaos_json) fmt::print("{}", describe_figures(*chaos_json));
-    fmt::print("  result: {}\n", all_ok ? "every step committed once and bit-exact"
-                                        : "NOT every step committed once and bit-exact");
-  }
-  if (!s.keep) {
-    try {
-      clean_transport(s);
-    } catch (const dcr::error& e) {
-      fmt::print(stderr, "dcr simulate: could not erase the run's payloads: {}\n", e.what());
-    }
-    std::error_code ec;
-    fs::remove_all(s.workdir, ec);
-  } else {
-    fmt::print(stderr, "dcr simulate: kept {}\n", s.workdir);
-  }
-  return all_ok && chaos_ok ? 0 : 1;
+  if (s.json)
+    print_json_report(s, r);
+  else
+    print_human_report(s, r);
+  clean_up(s);
+  return r.all_ok && chaos_ok ? 0 : 1;
 }
 
 }  // namespace dcr_tool

@@ -3,7 +3,7 @@
 
 namespace dcr {
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_REFIT)
 
 DCR_INLINE std::string shape_string(std::span<const std::int64_t> shape) {
   std::string s = "[";

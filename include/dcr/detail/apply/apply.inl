@@ -3,7 +3,7 @@
 // dcr/config.hpp) it is compiled once; item_applier<Loader> stays in the header.
 #pragma once
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_REFIT)
 
 namespace dcr {
 

@@ -138,7 +138,7 @@ placement_plan compile_placement(const tensor_registry& registry, Loader& loader
     return compiler.finish({});
 }
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_REFIT)
 
 // ---- placement_plan
 

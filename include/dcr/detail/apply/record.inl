@@ -3,7 +3,7 @@
 
 namespace dcr {
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_REFIT)
 
 namespace detail {
 

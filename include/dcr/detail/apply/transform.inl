@@ -3,7 +3,7 @@
 
 namespace dcr {
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_REFIT)
 
 DCR_INLINE std::string transform_name(element_transform t) {
   if (t.preserves_bits()) return "identity";

@@ -110,7 +110,7 @@ std::size_t value_stats<W>::candidates(std::span<coding_candidate, 16> out, bool
 
 }  // namespace detail
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_PROTOCOL)
 
 namespace detail {
 

@@ -1,7 +1,7 @@
 // dcr/detail/codec/payload.inl: the bodies of dcr/codec/payload.hpp (included at its end).
 #pragma once
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_PROTOCOL)
 
 namespace dcr {
 

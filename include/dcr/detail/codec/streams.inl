@@ -3,7 +3,7 @@
 
 namespace dcr::detail {
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_PROTOCOL)
 
 DCR_INLINE std::byte* raw_stream::extend(std::size_t n) {
   if (buffer.size() < size + n)

@@ -3,7 +3,7 @@
 // the agents and coordinator they instantiate.
 #pragma once
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_PROTOCOL)
 
 #include <algorithm>
 #include <atomic>

@@ -2,7 +2,7 @@
 // its end).
 #pragma once
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_PROTOCOL)
 
 namespace dcr {
 

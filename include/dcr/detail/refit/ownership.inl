@@ -3,7 +3,7 @@
 
 namespace dcr {
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_REFIT)
 
 DCR_INLINE std::vector<std::uint32_t> assign_owners(std::span<const shard_holding> shards) {
   std::vector<std::size_t> order(shards.size());

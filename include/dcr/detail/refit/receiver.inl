@@ -3,7 +3,7 @@
 // (DCR_HEADER_BODIES, dcr/config.hpp).
 #pragma once
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_REFIT)
 
 namespace dcr {
 

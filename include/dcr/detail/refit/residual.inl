@@ -3,7 +3,7 @@
 
 namespace dcr {
 
-#if DCR_HEADER_BODIES
+#if DCR_HEADER_BODIES_OF(DCR_PART_REFIT)
 
 DCR_INLINE void validate_residual_task(const residual_task& task, const tensor_registry& registry) {
   const std::string where = "residual task '" + task.name + "'";
