@@ -97,8 +97,18 @@ class relay_node {
     std::uint64_t outstanding = 0;     // bytes reserved by the root and not credited back
     std::set<payload_id> discarding;   // payloads whose remaining chunks are ignored
   };
+  // A payload's bytes here. One that came whole in a single chunk frame (the usual case: chunks
+  // are 1 MiB, buckets smaller) is that frame itself, kept as it was read, with no copy and no
+  // second buffer; a larger one is assembled chunk by chunk into a buffer of its size.
+  struct payload_bytes {
+    std::shared_ptr<const void> keep;  // owns the memory
+    const std::byte* data = nullptr;
+    std::uint64_t size = 0;
+    explicit operator bool() const noexcept { return keep != nullptr; }
+  };
   struct held_payload {
-    std::shared_ptr<relay_wire::buffer> bytes;
+    payload_bytes bytes;
+    std::byte* fill = nullptr;  // the buffer being assembled (null when the frame is kept)
     std::uint64_t received = 0;
     bool complete = false;
     std::shared_ptr<root_conn> from;
@@ -134,7 +144,8 @@ class relay_node {
 
   void announce(const attempt_key& key, std::vector<std::string> required, outbox& out);
 
-  void receive(const std::shared_ptr<root_conn>& c, const relay_wire::chunk_view& chunk, outbox& out);
+  void receive(const std::shared_ptr<root_conn>& c, const relay_wire::frame_ptr& frame,
+               const relay_wire::chunk_view& chunk, outbox& out);
 
   static void note_failure(held_payload& h, const std::string& why);
 
@@ -169,7 +180,7 @@ class relay_node {
 
   bool complete_for(const source_state& s) const;
 
-  std::shared_ptr<relay_wire::buffer> cached(const payload_id& id) const;
+  payload_bytes cached(const payload_id& id) const;
 
   bool refetch(const payload_id& id, std::vector<std::byte>& bytes);
 
@@ -190,7 +201,7 @@ class relay_node {
   std::vector<payload_id> arrival_;  // completed payloads of the current attempt, in order
   std::set<payload_id> delivered_ok_;
   std::map<payload_id, std::string> failed_;
-  std::deque<std::pair<payload_id, std::shared_ptr<relay_wire::buffer>>> cache_;
+  std::deque<std::pair<payload_id, payload_bytes>> cache_;
   std::uint64_t cache_bytes_ = 0;
   std::string failure_;  // the current attempt cannot complete here
   relay_node_stats stats_;

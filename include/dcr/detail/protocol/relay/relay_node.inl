@@ -114,7 +114,7 @@ inline void relay_node::on_frame(const std::shared_ptr<root_conn>& c, relay_fram
     case relay_frame::chunk: {
       const auto chunk = relay_wire::parse_chunk(body);
       std::lock_guard lock(mutex_);
-      receive(c, chunk, out);
+      receive(c, frame, chunk, out);
       break;
     }
     case relay_frame::abort: {
@@ -125,8 +125,8 @@ inline void relay_node::on_frame(const std::shared_ptr<root_conn>& c, relay_fram
       if (auto it = held_.find(id);
           it != held_.end() && it->second.from == c && !it->second.complete) {
         c->discarding.insert(id);
-        out.emplace_back(c, relay_wire::credit_frame(it->second.bytes->size()));
-        c->outstanding -= it->second.bytes->size();
+        out.emplace_back(c, relay_wire::credit_frame(it->second.bytes.size));
+        c->outstanding -= it->second.bytes.size;
         release_bytes(it->second);
         held_.erase(it);
       }
@@ -166,8 +166,8 @@ inline void relay_node::announce(const attempt_key& key, std::vector<std::string
   // A later attempt: whatever the node holds of the current one is obsolete.
   for (auto& [id, h] : held_) {
     if (h.from) {
-      out.emplace_back(h.from, relay_wire::credit_frame(h.bytes->size()));
-      h.from->outstanding -= h.bytes->size();
+      out.emplace_back(h.from, relay_wire::credit_frame(h.bytes.size));
+      h.from->outstanding -= h.bytes.size;
       if (!h.complete) h.from->discarding.insert(id);
     }
     if (h.complete && !h.pending.empty()) ++stats_.dropped_stale;
@@ -190,6 +190,7 @@ inline void relay_node::announce(const attempt_key& key, std::vector<std::string
 }
 
 inline void relay_node::receive(const std::shared_ptr<root_conn>& c,
+                                const relay_wire::frame_ptr& frame,
                                 const relay_wire::chunk_view& chunk, outbox& out) {
   if (chunk.offset == 0 && !c->discarding.contains(chunk.id) && !held_.contains(chunk.id)) {
     const bool current = current_ && chunk.id.attempt == *current_;
@@ -212,7 +213,13 @@ inline void relay_node::receive(const std::shared_ptr<root_conn>& c,
     DCR_EXPECTS(c->outstanding == 0 || c->outstanding + chunk.total <= options_.window_bytes,
                 errc::corrupt_payload, "root " + c->peer + " overran the window it was granted");
     auto& h = held_[chunk.id];
-    h.bytes = std::make_shared<relay_wire::buffer>(chunk.total);
+    if (chunk.data.size() == chunk.total) {
+      h.bytes = {frame, chunk.data.data(), chunk.total};  // whole in this frame: keep it
+    } else {
+      auto assembled = std::make_shared<relay_wire::buffer>(chunk.total);
+      h.fill = assembled->data();
+      h.bytes = {std::move(assembled), h.fill, chunk.total};
+    }
     h.from = c;
     c->outstanding += chunk.total;
     stats_.held_bytes += chunk.total;
@@ -224,15 +231,16 @@ inline void relay_node::receive(const std::shared_ptr<root_conn>& c,
   }
   auto it = held_.find(chunk.id);
   DCR_EXPECTS(it != held_.end() && it->second.from == c && !it->second.complete &&
-                  it->second.bytes->size() == chunk.total && chunk.offset == it->second.received,
+                  it->second.bytes.size == chunk.total && chunk.offset == it->second.received,
               errc::corrupt_payload,
               "chunk of " + relay_wire::describe(chunk.id) + " out of order from root " + c->peer);
   auto& h = it->second;
-  std::copy(chunk.data.begin(), chunk.data.end(),
-            h.bytes->begin() + static_cast<std::ptrdiff_t>(chunk.offset));
+  if (h.fill != nullptr && !chunk.data.empty())
+    std::memcpy(h.fill + chunk.offset, chunk.data.data(), chunk.data.size());
   h.received += chunk.data.size();
   if (h.received < chunk.total) return;
   h.complete = true;
+  h.fill = nullptr;
   ++stats_.payloads_received;
   stats_.bytes_received += chunk.total;
   for (const auto& name : expect_) {
@@ -256,13 +264,13 @@ inline void relay_node::note_failure(held_payload& h, const std::string& why) {
 
 inline void relay_node::release_bytes(held_payload& h) {
   if (!h.bytes) return;
-  stats_.held_bytes -= h.bytes->size();
+  stats_.held_bytes -= h.bytes.size;
 }
 
 inline void relay_node::release(std::map<payload_id, held_payload>::iterator it, outbox& out) {
   auto& h = it->second;
   const payload_id id = it->first;
-  const std::uint64_t size = h.bytes->size();
+  const std::uint64_t size = h.bytes.size;
   if (h.from) {
     out.emplace_back(h.from, h.failure.empty()
                                  ? relay_wire::ack_frame(relay_subject::payload, id)
@@ -276,7 +284,7 @@ inline void relay_node::release(std::map<payload_id, held_payload>::iterator it,
     cache_bytes_ += size;
     cache_.emplace_back(id, std::move(h.bytes));
     while (cache_bytes_ > options_.refetch_bytes && !cache_.empty()) {
-      cache_bytes_ -= cache_.front().second->size();
+      cache_bytes_ -= cache_.front().second.size;
       cache_.pop_front();
     }
   } else {
@@ -405,7 +413,7 @@ inline source_status relay_node::next(source_state& s, delivery& out,
         const payload_id id = arrival_[s.cursor++];
         if (s.taken.contains(id) || !std::binary_search(s.owners.begin(), s.owners.end(), id.owner))
           continue;
-        std::shared_ptr<relay_wire::buffer> bytes;
+        payload_bytes bytes;
         if (auto h = held_.find(id); h != held_.end())
           bytes = h->second.bytes;
         else
@@ -413,7 +421,7 @@ inline source_status relay_node::next(source_state& s, delivery& out,
         if (!bytes) continue;  // released without this receiver (it was not expected)
         lock.unlock();
         out.id = id;
-        out.bytes.assign(bytes->begin(), bytes->end());
+        out.bytes.assign(bytes.data, bytes.data + bytes.size);
         lock.lock();
         s.taken.insert(id);
         ++stats_.deliveries;
@@ -444,14 +452,14 @@ inline bool relay_node::complete_for(const source_state& s) const {
   return true;
 }
 
-inline std::shared_ptr<relay_wire::buffer> relay_node::cached(const payload_id& id) const {
+inline relay_node::payload_bytes relay_node::cached(const payload_id& id) const {
   for (const auto& [cid, bytes] : cache_)
     if (cid == id) return bytes;
-  return nullptr;
+  return {};
 }
 
 inline bool relay_node::refetch(const payload_id& id, std::vector<std::byte>& bytes) {
-  std::shared_ptr<relay_wire::buffer> held;
+  payload_bytes held;
   {
     std::lock_guard lock(mutex_);
     if (auto h = held_.find(id); h != held_.end() && h->second.complete)
@@ -460,7 +468,7 @@ inline bool relay_node::refetch(const payload_id& id, std::vector<std::byte>& by
       held = cached(id);
   }
   if (!held) return false;
-  bytes.assign(held->begin(), held->end());
+  bytes.assign(held.data, held.data + held.size);
   return true;
 }
 
