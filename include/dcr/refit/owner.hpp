@@ -149,8 +149,9 @@ class owner {
   /// thread is free; distinct chunks touch distinct tasks, tensors and residual states), then
   /// the payloads are numbered in chunk order and compressed on the threads, encoders[t] on
   /// thread t (all encoders must have equal options for the bytes to match the loop's). Unlike
-  /// the loop it holds every chunk's items at once. With a detect backend, or with one encoder,
-  /// it runs on the calling thread only. Throws what build_chunk and pack_payloads throw (the
+  /// the loop it holds every chunk's items at once, and the conversions of distinct residual
+  /// tasks may run at the same time on distinct threads (each task's own conversions never do).
+  /// With a detect backend, or with one encoder, it runs on the calling thread only. Throws what build_chunk and pack_payloads throw (the
   /// first error of any thread, after every thread has stopped); after an exception the attempt
   /// is not built (commit() refuses) and `out` is unspecified. invalid_argument for no encoder.
   std::uint32_t build_payloads(std::span<const std::span<const std::byte>> candidates,
