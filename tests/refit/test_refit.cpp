@@ -13,6 +13,7 @@
 #include "dcr/protocol/plane/memory_control_plane.hpp"
 #include "dcr/protocol/records.hpp"
 #include "dcr/sim/deployment.hpp"
+#include "dcr/sim/rank_owner.hpp"
 
 namespace {
 
@@ -351,4 +352,108 @@ TEST_CASE("pack_payloads: one sequence counter, the ids it reports are the ids i
   CHECK(dcr::pack_payloads(registry, header, {}, 800, encoder, out, &ids) == 7);
   CHECK(out.empty());
   CHECK(ids.empty());
+}
+
+TEST_CASE("owner::build_payloads on several threads gives the one-thread loop's bytes and state") {
+  // dcr simulate's layout at a small size: several affine chunks and residual (fused QKV) chunks.
+  const auto config = dcr::sim::moe_config::for_bytes(std::uint64_t{12} << 20, dcr::dtype::bf16);
+  const dcr::tensor_registry registry(config.canonical_tensors());
+  const std::uint32_t rank = 1;
+  dcr::sim::synthetic_trainer trainer(config, registry, 2, 2, 1, dcr::sim::trainer_layout::megatron,
+                                      dcr::sim::trainer_selection::owned_by(rank));
+  const dcr::sim::stress_schedule schedule(0.02);
+  const auto loop_owner = dcr::sim::make_rank_owner(registry, trainer, rank);
+  const auto pool_owner = dcr::sim::make_rank_owner(registry, trainer, rank);
+  std::vector<std::span<const std::byte>> cand, inputs;
+  trainer.advance_to(0, schedule);
+  loop_owner.spans(trainer, cand, inputs);
+  for (const auto* o : {&loop_owner, &pool_owner}) {
+    o->owner->set_chunk_bytes(std::size_t{64} << 10);  // many chunks
+    o->owner->initialize(cand, inputs);
+  }
+  REQUIRE(loop_owner.owner->chunk_count() > 4);
+  REQUIRE(!loop_owner.owner->residual_tasks().empty());
+
+  dcr::payload_header header;
+  header.registry_fingerprint = registry.fingerprint();
+  for (std::uint64_t step = 1; step <= 2; ++step) {
+    trainer.advance_to(step, schedule);
+    loop_owner.spans(trainer, cand, inputs);
+    // Two attempts of the transition: mixed, then an overwrite-only retry (the union path).
+    for (std::uint32_t attempt = 0; attempt < 2; ++attempt) {
+      const auto policy =
+          attempt == 0 ? dcr::encoding_policy::mixed : dcr::encoding_policy::overwrite_only;
+      header.id = dcr::payload_id{{step - 1, step, attempt}, rank, 3};
+      std::vector<std::vector<std::byte>> expected, out;
+      std::vector<dcr::payload_id> expected_ids, ids;
+      dcr::payload_encoder encoder;
+      dcr::payload_header h = header;
+      for (std::size_t k = 0; k < loop_owner.owner->chunk_count(); ++k) {
+        const auto& items = loop_owner.owner->build_chunk(k, cand, policy, inputs);
+        h.id.sequence = dcr::pack_payloads(registry, h, items, 4096, encoder, out, &ids);
+        expected.insert(expected.end(), out.begin(), out.end());
+        expected_ids.insert(expected_ids.end(), ids.begin(), ids.end());
+      }
+      REQUIRE(expected.size() > 2);
+      for (std::size_t threads : {1, 2, 3}) {
+        CAPTURE(step);
+        CAPTURE(attempt);
+        CAPTURE(threads);
+        std::vector<dcr::payload_encoder> encoders(threads);
+        const std::uint32_t next = pool_owner.owner->build_payloads(
+            cand, policy, inputs, {}, dcr::build_mode::changes, header, 4096, encoders, out, &ids);
+        CHECK(next == h.id.sequence);
+        CHECK(out == expected);
+        CHECK(ids == expected_ids);
+        CHECK(pool_owner.owner->change_digest() == loop_owner.owner->change_digest());
+        const auto& a = loop_owner.owner->stats();
+        const auto& b = pool_owner.owner->stats();
+        CHECK(a.changed_elements == b.changed_elements);
+        CHECK(a.compared_bytes == b.compared_bytes);
+        CHECK(a.items == b.items);
+        CHECK(a.residual_items == b.residual_items);
+        CHECK(a.residual_changed_elements == b.residual_changed_elements);
+      }
+    }
+    loop_owner.owner->commit(cand, inputs);
+    pool_owner.owner->commit(cand, inputs);
+    for (std::size_t i = 0; i < loop_owner.owner->tasks().size(); ++i) {
+      const auto x = loop_owner.owner->tracker(i), y = pool_owner.owner->tracker(i);
+      CHECK(std::equal(x.begin(), x.end(), y.begin(), y.end()));
+    }
+    for (std::size_t r = 0; r < loop_owner.owner->residual_tasks().size(); ++r)
+      for (std::size_t o = 0; o < loop_owner.owner->residual_tasks()[r].outputs.size(); ++o) {
+        const auto x = loop_owner.owner->residual_baseline(r, o);
+        const auto y = pool_owner.owner->residual_baseline(r, o);
+        CHECK(std::equal(x.begin(), x.end(), y.begin(), y.end()));
+      }
+  }
+}
+
+TEST_CASE("owner::build_payloads needs an encoder and leaves a failed attempt unbuilt") {
+  const auto config = dcr::sim::moe_config::for_bytes(std::uint64_t{2} << 20, dcr::dtype::bf16);
+  const dcr::tensor_registry registry(config.canonical_tensors());
+  dcr::sim::synthetic_trainer trainer(config, registry, 2, 2, 1, dcr::sim::trainer_layout::megatron,
+                                      dcr::sim::trainer_selection::owned_by(0));
+  const auto built = dcr::sim::make_rank_owner(registry, trainer, 0);
+  std::vector<std::span<const std::byte>> cand, inputs;
+  built.spans(trainer, cand, inputs);
+  built.owner->initialize(cand, inputs);
+  dcr::payload_header header;
+  header.registry_fingerprint = registry.fingerprint();
+  std::vector<std::vector<std::byte>> out;
+  CHECK_THROWS_AS(built.owner->build_payloads(cand, dcr::encoding_policy::mixed, inputs, {},
+                                              dcr::build_mode::changes, header, 4096, {}, out),
+                  dcr::error);
+  // A payload that cannot be encoded (wrong registry fingerprint) fails on a worker thread: the
+  // error reaches the caller and nothing is committable.
+  trainer.stress_step(0.05);
+  built.spans(trainer, cand, inputs);
+  header.registry_fingerprint = registry.fingerprint() + 1;
+  std::vector<dcr::payload_encoder> encoders(2);
+  CHECK_THROWS_AS(built.owner->build_payloads(cand, dcr::encoding_policy::mixed, inputs, {},
+                                              dcr::build_mode::changes, header, 4096, encoders,
+                                              out),
+                  dcr::error);
+  CHECK_THROWS_AS(built.owner->commit(cand, inputs), dcr::error);
 }

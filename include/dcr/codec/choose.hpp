@@ -7,7 +7,7 @@
 //     for mixed, the encoding whose value stream is estimated smallest, ties going to overwrite
 //     (idempotent), then ulp, then xor_mask. Locations do not depend on the encoding.
 //   * Codings (coding_planner, used by payload_encoder): every candidate coding gets a size
-//     estimate from histograms of a deterministic sample of at most 8192 records (all of them in
+//     estimate from histograms of a deterministic sample of at most 1024 records (all of them in
 //     smaller items): zstd's Huffman stage modelled on each byte-symbol section's histogram
 //     (detail/huffman.hpp: information content per symbol, at least one bit, corrected for level
 //     1's matches), plus the packed extra bits exactly. Value candidates: byte_planes,
@@ -18,8 +18,8 @@
 //     that is cheaper to write and read wins instead: byte planes before bucket sequences, runs
 //     (also within 16 bytes) before other locations. Candidates are compressed and compared
 //     exactly where that is cheap: the two best (and skip_varint) when the item's raw stream is
-//     at most 4 KiB, the two best when their estimates are within 3% and the raw stream is at
-//     most 64 KiB. codec_options::exact_choice compresses every candidate (every M, skip_varint
+//     at most 256 bytes, the two best when their estimates are within 3% and the raw stream is
+//     at most 4 KiB. codec_options::exact_choice compresses every candidate (every M, skip_varint
 //     and raw too) instead.
 //   * Sections (streams.hpp) of at least 128 bytes start a zstd block of their own, so byte
 //     planes, symbols and extra bits each get their own Huffman table (or none, for extra bits).
@@ -50,16 +50,20 @@ namespace dcr {
 
 namespace detail {
 
+// The planner's work per item is bounded by these four figures. They were chosen by measuring
+// owner construction and payload bytes (docs/benchmarks.md, "Pack and compress"): histograms of
+// 1024 records estimate as well as of 8192 (payloads within 0.1%) at an eighth of the work, and
+// compressing a second candidate pays only for streams too small to have a telling histogram.
 /// Records a coding estimate looks at, at most (a deterministic, evenly strided sample) ...
-inline constexpr std::size_t estimate_sample = 8192;
+inline constexpr std::size_t estimate_sample = 1024;
 /// ... and records an encoding estimate (choose_encoding, three encodings) looks at.
-inline constexpr std::size_t encoding_sample = 4096;
+inline constexpr std::size_t encoding_sample = 1024;
 /// Raw streams at most this large have their two best candidates compressed exactly.
-inline constexpr std::size_t exact_stream_bytes = 4096;
+inline constexpr std::size_t exact_stream_bytes = 256;
 /// Estimates closer than this (relative) cannot be told apart ...
 inline constexpr double estimate_tie = 0.03;
 /// ... and are compressed exactly when the raw stream is at most this large.
-inline constexpr std::size_t exact_tie_bytes = 64u << 10;
+inline constexpr std::size_t exact_tie_bytes = 4096;
 /// Sections shorter than this share a zstd block (and its Huffman table) with a neighbour.
 inline constexpr std::size_t min_section_bytes = 128;
 
@@ -90,6 +94,10 @@ struct magnitude_histogram {
 
   /// One past the highest bin in use.
   [[nodiscard]] std::size_t bins_used() const noexcept;
+
+  /// Back to empty, zeroing only the bins in use (a histogram is reset per stream and item;
+  /// zeroing all 976 bins cost more than filling the few in use).
+  void clear() noexcept;
 
   /// Estimated compressed bytes of a bucket sequence of `total` integers with `m` (<= 4) mantissa
   /// bits, the sampled values standing for all of them.
@@ -278,6 +286,7 @@ class coding_planner {
   codec_options options_;
   detail::zstd_compressor zstd_;
   detail::raw_stream raw_;
+  detail::magnitude_histogram locations_;  // plan_locations' histogram, reused
   std::vector<std::byte> scratch_, run_scratch_;
   std::vector<std::byte> frame_, spare_;  // grow-only; frame_ holds frame_size_ bytes
   std::size_t frame_size_ = 0;

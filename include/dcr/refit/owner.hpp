@@ -35,6 +35,7 @@
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
 #include "dcr/codec/values.hpp"
+#include "dcr/detail/parallel.hpp"
 #include "dcr/detect/detect.hpp"
 #include "dcr/refit/detect_backend.hpp"
 #include "dcr/refit/residual.hpp"
@@ -133,6 +134,35 @@ class owner {
       encoding_policy policy, std::span<const std::span<const std::byte>> residual_inputs = {},
       const codec_options& codec = {}, build_mode mode = build_mode::changes);
 
+  /// Builds every chunk and packs it: byte for byte the payloads, ids and returned sequence of
+  ///
+  ///     for (k = 0; k < chunk_count(); ++k)
+  ///       header.id.sequence = pack_payloads(registry, header,
+  ///                                          build_chunk(k, candidates, policy, residual_inputs,
+  ///                                                      codec, mode),
+  ///                                          bucket_bytes, encoders[0], out_k, ids_k);
+  ///
+  /// with `out` (and `*ids`) the out_k (ids_k) one after another, and the same owner state after
+  /// it (changed set, stats() summed over the chunks, change_digest(), what commit() writes).
+  /// The work is shared by encoders.size() threads: the calling thread and encoders.size() - 1
+  /// threads started for the call. First every chunk is built (chunks taken in order by whichever
+  /// thread is free; distinct chunks touch distinct tasks, tensors and residual states), then
+  /// the payloads are numbered in chunk order and compressed on the threads, encoders[t] on
+  /// thread t (all encoders must have equal options for the bytes to match the loop's). Unlike
+  /// the loop it holds every chunk's items at once, and the conversions of distinct residual
+  /// tasks may run at the same time on distinct threads (each task's own conversions never do).
+  /// With a detect backend, or with one encoder, it runs on the calling thread only. Throws what build_chunk and pack_payloads throw (the
+  /// first error of any thread, after every thread has stopped); after an exception the attempt
+  /// is not built (commit() refuses) and `out` is unspecified. invalid_argument for no encoder.
+  std::uint32_t build_payloads(std::span<const std::span<const std::byte>> candidates,
+                               encoding_policy policy,
+                               std::span<const std::span<const std::byte>> residual_inputs,
+                               const codec_options& codec, build_mode mode,
+                               const payload_header& header, std::size_t bucket_bytes,
+                               std::span<payload_encoder> encoders,
+                               std::vector<std::vector<std::byte>>& out,
+                               std::vector<payload_id>* ids = nullptr);
+
   /// Digest of the last attempt's changed set (indices and new words of every item, in chunk
   /// order): equal digests over the same trackers mean equal candidates, so a restarted owner
   /// can tell whether its candidates are the ones an earlier attempt was built from.
@@ -220,8 +250,32 @@ class owner {
     std::vector<std::uint32_t> slots;  // in tensor id order
   };
 
+  /// What one thread needs to build a chunk besides the chunk's own tasks, slots and residual
+  /// states: project()'s part tables and a residual output being rebuilt.
+  struct build_scratch {
+    std::vector<record_buffer*> part_records;  // project(): part -> record buffer
+    std::vector<std::size_t> part_fill;        // project(): part -> records / next slot
+    std::vector<std::byte> output;             // one rebuilt residual output at a time
+  };
+
   // a := a united with b (both sorted, distinct).
   static void unite(std::vector<std::uint64_t>& a, const std::vector<std::uint64_t>& b);
+
+  // The checks and the chunk-0 reset of build_chunk (stats, transition state, mode).
+  void begin_chunk(std::size_t k, std::span<const std::span<const std::byte>> candidates,
+                   std::span<const std::span<const std::byte>> residual_inputs, build_mode mode);
+
+  // Chunk k's items into `items`, its figures added to `stats`: everything build_chunk does that
+  // touches only chunk k's tasks, record slots and residual states (plus `scratch`), so distinct
+  // chunks can be built at once on distinct threads with distinct scratch, items and stats.
+  void build_chunk_items(std::size_t k, std::span<const std::span<const std::byte>> candidates,
+                         encoding_policy policy,
+                         std::span<const std::span<const std::byte>> residual_inputs,
+                         const codec_options& codec, build_mode mode, build_scratch& scratch,
+                         std::vector<item>& items, owner_stats& stats);
+
+  // Chains chunk k's records (slots in tensor id order) into change_digest_.
+  void digest_chunk(std::size_t k);
 
   std::uint32_t add_slot(tensor_id target, bool residual);
 
@@ -232,7 +286,7 @@ class owner {
   // scratch and compared with its baseline; the differing elements become the records of the
   // output's slot (indices sorted by construction, overwrite only).
   void build_residual(std::size_t r, std::span<const std::span<const std::byte>> residual_inputs,
-                      build_mode mode);
+                      build_mode mode, build_scratch& scratch, owner_stats& stats);
 
   // Projects task i's changed local indices to canonical coordinates and appends (index, old,
   // new) records to the buffers of the target tensors. Sized once per part (a counting pass for
@@ -258,7 +312,8 @@ class owner {
   // Appends the records of task i's changed words to the record buffers of its targets. With
   // `gathered`, the old and new words are the ones detect_and_gather picked up in the detection
   // pass (in the order of changed_[i]); otherwise they are read from the tracker and candidate.
-  void project(std::size_t i, std::span<const std::byte> candidate, bool gathered);
+  void project(std::size_t i, std::span<const std::byte> candidate, bool gathered,
+               build_scratch& scratch);
 
   // A detect backend's answer for task i must have the shape the owner relies on: one canonical
   // index (and, for a multi-part task, one part below the part count) per changed index.
@@ -288,20 +343,28 @@ class owner {
   bool transition_open_ = false;  // a build happened since initialize() / commit()
   std::vector<residual_state> residual_state_;
   std::size_t residual_input_count_ = 0;
-  std::vector<std::byte> scratch_;                    // one rebuilt residual output at a time
+  std::size_t max_output_bytes_ = 0;                  // largest residual output
+  build_scratch scratch_;                             // build_chunk's (the calling thread's)
+  std::vector<build_scratch> pool_scratch_;           // build_payloads: one per other thread
+  std::vector<std::vector<item>> chunk_items_;        // build_payloads: per chunk
+  std::vector<owner_stats> chunk_stats_;              // build_payloads: per chunk
   std::vector<tensor_id> targets_;                    // distinct targets, first-seen order
   std::vector<std::uint8_t> slot_residual_;           // per slot: built by a residual task
   std::vector<std::uint8_t> overwrite_only_;          // per slot: a receiver takes overwrites only
   std::vector<std::uint32_t> slot_order_;             // slots in tensor id order
   std::unordered_map<tensor_id, std::uint32_t> slot_of_;
   std::vector<record_buffer> records_;
-  std::vector<record_buffer*> part_records_;  // project(): part -> record buffer
-  std::vector<std::size_t> part_fill_;        // project(): part -> records / next slot
   std::vector<item> items_;
   owner_stats stats_;
   bool initialized_ = false;
   bool built_ = false;
 };
+
+namespace detail {
+/// How many of `items` (not empty) the next payload of pack_payloads takes: at least one, then
+/// as many as keep the raw record bytes within `bucket_bytes`.
+std::size_t bucket_item_count(std::span<const item> items, std::size_t bucket_bytes) noexcept;
+}  // namespace detail
 
 /// Packs items into payloads of at most about `bucket_bytes` of raw record bytes (an item is
 /// never split across payloads, so one large item makes one large payload). Each payload is

@@ -69,8 +69,8 @@ void value_stats<W>::reset(unsigned what) noexcept {
     for (auto& p : planes) p.fill(0);
   if (what & zig_planes_kind)
     for (auto& p : zig_planes) p.fill(0);
-  if (what & plain_buckets) plain = {};
-  if (what & zig_buckets) zig = {};
+  if (what & plain_buckets) plain.clear();
+  if (what & zig_buckets) zig.clear();
   kinds = what;
   count = 0;
   plain_width = zig_width = 0;
@@ -117,6 +117,13 @@ namespace detail {
 DCR_INLINE std::size_t magnitude_histogram::bins_used() const noexcept {
   const auto len = static_cast<unsigned>(std::bit_width(largest));
   return len <= 5 ? 32 : 32 + (len - 5) * 16;
+}
+
+DCR_INLINE void magnitude_histogram::clear() noexcept {
+  std::fill(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(bins_used()),
+            std::uint64_t{0});
+  samples = 0;
+  largest = 0;
 }
 
 DCR_INLINE double magnitude_histogram::bucket_cost(unsigned m, std::uint64_t total) const noexcept {
@@ -199,7 +206,8 @@ DCR_INLINE stream_choice coding_planner::plan_locations(std::span<const std::uin
   const auto code = [](location_coding x) { return static_cast<std::uint8_t>(x); };
 
   if (allowed(location_coding::skip_buckets)) {
-    detail::magnitude_histogram h;
+    detail::magnitude_histogram& h = locations_;
+    h.clear();
     detail::for_each_sampled(n, detail::estimate_sample, [&](std::size_t j) {
       h.add(j == 0 ? indices[0] : indices[j] - indices[j - 1] - 1);
     });
@@ -217,7 +225,8 @@ DCR_INLINE stream_choice coding_planner::plan_locations(std::span<const std::uin
     c[k++] = {code(location_coding::bitmap), 0, detail::literal_cost(hist, raw_.size, raw_.size)};
   }
   if (runs_ok && allowed(location_coding::runs)) {
-    detail::magnitude_histogram h;
+    detail::magnitude_histogram& h = locations_;
+    h.clear();
     std::uint64_t next = 0;
     for (std::size_t j = 0; j < n;) {
       std::size_t e = j + 1;

@@ -5,6 +5,17 @@ namespace dcr {
 
 #if DCR_HEADER_BODIES_OF(DCR_PART_REFIT)
 
+DCR_INLINE std::size_t detail::bucket_item_count(std::span<const item> items,
+                                                 std::size_t bucket_bytes) noexcept {
+  std::size_t end = 0, bytes = 0;
+  do {
+    bytes += items[end].count() * (8 + items[end].word_bytes());
+    ++end;
+  } while (end < items.size() &&
+           bytes + items[end].count() * (8 + items[end].word_bytes()) <= bucket_bytes);
+  return end;
+}
+
 DCR_INLINE owner::~owner() = default;
 
 DCR_INLINE owner::owner(const tensor_registry& registry, std::uint32_t id,
@@ -39,7 +50,8 @@ DCR_INLINE owner::owner(const tensor_registry& registry, std::uint32_t id,
       max_output = std::max(max_output, static_cast<std::size_t>(registry.at(out.tensor).bytes()));
     }
   }
-  scratch_.resize(max_output);
+  max_output_bytes_ = max_output;
+  scratch_.output.resize(max_output);
   records_.resize(targets_.size());
   overwrite_only_.assign(targets_.size(), 0);
   slot_order_.resize(targets_.size());
@@ -183,6 +195,82 @@ DCR_INLINE const std::vector<item>& owner::build_chunk(
     std::size_t k, std::span<const std::span<const std::byte>> candidates, encoding_policy policy,
     std::span<const std::span<const std::byte>> residual_inputs, const codec_options& codec,
     build_mode mode) {
+  begin_chunk(k, candidates, residual_inputs, mode);
+  owner_stats chunk_stats;
+  build_chunk_items(k, candidates, policy, residual_inputs, codec, mode, scratch_, items_,
+                    chunk_stats);
+  stats_ += chunk_stats;
+  digest_chunk(k);
+  chunk_built_[k] = 1;
+  built_ = std::all_of(chunk_built_.begin(), chunk_built_.end(), [](auto b) { return b != 0; });
+  return items_;
+}
+
+DCR_INLINE std::uint32_t owner::build_payloads(
+    std::span<const std::span<const std::byte>> candidates, encoding_policy policy,
+    std::span<const std::span<const std::byte>> residual_inputs, const codec_options& codec,
+    build_mode mode, const payload_header& header, std::size_t bucket_bytes,
+    std::span<payload_encoder> encoders, std::vector<std::vector<std::byte>>& out,
+    std::vector<payload_id>* ids) {
+  DCR_EXPECTS(!encoders.empty(), errc::invalid_argument, "owner::build_payloads: no encoder");
+  out.clear();
+  if (ids != nullptr) ids->clear();
+  const std::size_t n = chunks_.size();
+  if (n == 0) return header.id.sequence;
+  const std::size_t threads = detector_ != nullptr ? 1 : encoders.size();
+  begin_chunk(0, candidates, residual_inputs, mode);
+  built_ = false;
+  chunk_items_.resize(n);
+  chunk_stats_.assign(n, owner_stats{});
+  if (pool_scratch_.size() + 1 < threads) pool_scratch_.resize(threads - 1);
+  detail::parallel_for(n, threads, [&](std::size_t t, std::size_t k) {
+    build_scratch& scratch = t == 0 ? scratch_ : pool_scratch_[t - 1];
+    if (scratch.output.size() < max_output_bytes_) scratch.output.resize(max_output_bytes_);
+    build_chunk_items(k, candidates, policy, residual_inputs, codec, mode, scratch,
+                      chunk_items_[k], chunk_stats_[k]);
+  });
+  for (std::size_t k = 0; k < n; ++k) {
+    stats_ += chunk_stats_[k];
+    digest_chunk(k);
+  }
+
+  // Payloads in chunk order, split as pack_payloads splits each chunk's items, then numbered.
+  struct bucket {
+    std::size_t chunk, begin, end;
+  };
+  std::vector<bucket> buckets;
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::vector<item>& items = chunk_items_[k];
+    for (std::size_t begin = 0; begin < items.size();) {
+      const std::size_t end = begin + detail::bucket_item_count(
+                                          std::span<const item>(items).subspan(begin), bucket_bytes);
+      buckets.push_back({k, begin, end});
+      begin = end;
+    }
+  }
+  out.resize(buckets.size());
+  std::vector<payload_id> numbered(buckets.size());
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    numbered[b] = header.id;
+    numbered[b].sequence = header.id.sequence + static_cast<std::uint32_t>(b);
+  }
+  detail::parallel_for(buckets.size(), threads, [&](std::size_t t, std::size_t b) {
+    payload_header h = header;
+    h.id = numbered[b];
+    const std::span<const item> items(chunk_items_[buckets[b].chunk]);
+    encoders[t].encode(h, items.subspan(buckets[b].begin, buckets[b].end - buckets[b].begin),
+                       *registry_, out[b]);
+  });
+  if (ids != nullptr) *ids = std::move(numbered);
+  std::fill(chunk_built_.begin(), chunk_built_.end(), std::uint8_t{1});
+  built_ = true;
+  return header.id.sequence + static_cast<std::uint32_t>(buckets.size());
+}
+
+DCR_INLINE void owner::begin_chunk(std::size_t k,
+                                   std::span<const std::span<const std::byte>> candidates,
+                                   std::span<const std::span<const std::byte>> residual_inputs,
+                                   build_mode mode) {
   DCR_EXPECTS(initialized_, errc::not_ready, "owner::build_chunk before initialize");
   DCR_EXPECTS(
       k < chunks_.size(), errc::out_of_range,
@@ -191,6 +279,7 @@ DCR_INLINE const std::vector<item>& owner::build_chunk(
   check_residual_inputs(residual_inputs, "build_items");
   if (k == 0) {
     stats_ = {};
+    change_digest_ = 0;
     std::fill(chunk_built_.begin(), chunk_built_.end(), std::uint8_t{0});
     if (!transition_open_) {
       for (auto& c : transition_changed_) c.clear();
@@ -203,9 +292,15 @@ DCR_INLINE const std::vector<item>& owner::build_chunk(
     last_mode_ = mode;
   }
   built_ = false;
+}
+
+DCR_INLINE void owner::build_chunk_items(
+    std::size_t k, std::span<const std::span<const std::byte>> candidates, encoding_policy policy,
+    std::span<const std::span<const std::byte>> residual_inputs, const codec_options& codec,
+    build_mode mode, build_scratch& scratch, std::vector<item>& items, owner_stats& stats) {
   const chunk& c = chunks_[k];
   for (auto slot : c.slots) records_[slot].clear();
-  items_.clear();
+  items.clear();
 
   auto t0 = clock::now();
   for (auto i : c.tasks) {
@@ -231,7 +326,7 @@ DCR_INLINE const std::vector<item>& owner::build_chunk(
         });
         gathered_[i] = 1;
       }
-      stats_.changed_elements += changed_[i].size();
+      stats.changed_elements += changed_[i].size();
       unite(transition_changed_[i], changed_[i]);
       if (transition_changed_[i].size() != changed_[i].size()) {
         // An earlier attempt sent more: the union is projected and gathered here.
@@ -240,34 +335,28 @@ DCR_INLINE const std::vector<item>& owner::build_chunk(
         projected_[i].valid = false;
       }
     }
-    stats_.compared_bytes += candidates[i].size();
+    stats.compared_bytes += candidates[i].size();
   }
   auto t1 = clock::now();
-  for (auto i : c.tasks) project(i, candidates[i], gathered_[i] != 0);
+  for (auto i : c.tasks) project(i, candidates[i], gathered_[i] != 0, scratch);
   for (auto slot : c.slots) records_[slot].sort_by_index();
   auto t2 = clock::now();
-  stats_.detect_seconds += seconds(t1 - t0);
-  stats_.project_seconds += seconds(t2 - t1);
+  stats.detect_seconds += seconds(t1 - t0);
+  stats.project_seconds += seconds(t2 - t1);
 
-  for (auto r : c.residual) build_residual(r, residual_inputs, mode);
+  for (auto r : c.residual) build_residual(r, residual_inputs, mode, scratch, stats);
 
   auto t3 = clock::now();
-  if (k == 0) change_digest_ = 0;
   for (auto slot : c.slots) {
     const auto& r = records_[slot];
     if (r.indices.empty()) continue;
     const auto& t = registry_->at(targets_[slot]);
-    const tensor_id target = targets_[slot];
-    change_digest_ = XXH64(&target, sizeof target, change_digest_);
-    change_digest_ =
-        XXH64(r.indices.data(), r.indices.size() * sizeof(std::uint64_t), change_digest_);
-    change_digest_ = XXH64(r.new_bytes.data(), r.new_bytes.size(), change_digest_);
     const bool residual = slot_residual_[slot] != 0;
     const bool forced = !residual && overwrite_only_[slot] != 0;
     const bool delta_permitted =
         !residual && !forced && r.delta_encodable && mode == build_mode::changes;
     item it;
-    it.tensor = target;
+    it.tensor = targets_[slot];
     it.type = t.type;
     it.indices = r.indices;
     it.values = r.old_bytes;  // the gathered old words, turned into values in place
@@ -275,15 +364,24 @@ DCR_INLINE const std::vector<item>& owner::build_chunk(
       using W = decltype(w);
       encode_gathered_item<W>(it, r.new_words<W>(), policy, delta_permitted, codec);
     });
-    items_.push_back(std::move(it));
-    stats_.residual_items += residual ? 1 : 0;
-    stats_.forced_overwrite_items += forced && r.delta_encodable ? 1 : 0;
+    items.push_back(std::move(it));
+    stats.residual_items += residual ? 1 : 0;
+    stats.forced_overwrite_items += forced && r.delta_encodable ? 1 : 0;
   }
-  stats_.items += items_.size();
-  stats_.encode_seconds += seconds(clock::now() - t3);
-  chunk_built_[k] = 1;
-  built_ = std::all_of(chunk_built_.begin(), chunk_built_.end(), [](auto b) { return b != 0; });
-  return items_;
+  stats.items += items.size();
+  stats.encode_seconds += seconds(clock::now() - t3);
+}
+
+DCR_INLINE void owner::digest_chunk(std::size_t k) {
+  for (auto slot : chunks_[k].slots) {
+    const auto& r = records_[slot];
+    if (r.indices.empty()) continue;
+    const tensor_id target = targets_[slot];
+    change_digest_ = XXH64(&target, sizeof target, change_digest_);
+    change_digest_ =
+        XXH64(r.indices.data(), r.indices.size() * sizeof(std::uint64_t), change_digest_);
+    change_digest_ = XXH64(r.new_bytes.data(), r.new_bytes.size(), change_digest_);
+  }
 }
 
 DCR_INLINE void owner::commit(std::span<const std::span<const std::byte>> candidates,
@@ -335,6 +433,9 @@ DCR_INLINE void owner::unite(std::vector<std::uint64_t>& a, const std::vector<st
     return;
   }
   if (b.empty()) return;
+  // A retry from the same candidates finds the same set again: a merge walk that allocates
+  // nothing tells it apart from a set that grew.
+  if (b.size() <= a.size() && std::includes(a.begin(), a.end(), b.begin(), b.end())) return;
   std::vector<std::uint64_t> out;
   out.reserve(a.size() + b.size());
   std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
@@ -359,7 +460,8 @@ DCR_INLINE void owner::copy_words(std::vector<std::byte>& dst, std::span<const s
 
 DCR_INLINE void owner::build_residual(std::size_t r,
                                       std::span<const std::span<const std::byte>> residual_inputs,
-                                      build_mode mode) {
+                                      build_mode mode, build_scratch& scratch,
+                                      owner_stats& stats) {
   const auto& task = residual_[r];
   auto& st = residual_state_[r];
   const auto inputs = residual_inputs.subspan(st.first_input, task.inputs.size());
@@ -372,8 +474,8 @@ DCR_INLINE void owner::build_residual(std::size_t r,
       detect_changes<W>(words_of<W>(std::span<const std::byte>(st.input_copies[k])),
                         words_of<W>(inputs[k]), st.changed_inputs[k]);
     });
-    stats_.residual_compared_bytes += inputs[k].size();
-    stats_.residual_changed_inputs += st.changed_inputs[k].empty() ? 0 : 1;
+    stats.residual_compared_bytes += inputs[k].size();
+    stats.residual_changed_inputs += st.changed_inputs[k].empty() ? 0 : 1;
   }
   for (std::size_t o = 0; o < task.outputs.size(); ++o) {
     bool selected = mode == build_mode::dense || st.union_selected[o] != 0;
@@ -382,12 +484,12 @@ DCR_INLINE void owner::build_residual(std::size_t r,
     st.selected[o] = selected ? 1 : 0;
     if (mode == build_mode::changes) st.union_selected[o] |= st.selected[o];
   }
-  stats_.residual_detect_seconds += seconds(clock::now() - f0);
+  stats.residual_detect_seconds += seconds(clock::now() - f0);
 
   for (std::size_t o = 0; o < task.outputs.size(); ++o) {
     if (!st.selected[o]) continue;
     const auto& t = registry_->at(task.outputs[o].tensor);
-    const std::span<std::byte> out(scratch_.data(), static_cast<std::size_t>(t.bytes()));
+    const std::span<std::byte> out(scratch.output.data(), static_cast<std::size_t>(t.bytes()));
     const auto c0 = clock::now();
     task.convert(o, inputs, out);
     const auto c1 = clock::now();
@@ -417,28 +519,29 @@ DCR_INLINE void owner::build_residual(std::size_t r,
         new_words[k] = rebuilt[rec.indices[k]];
       }
     });
-    stats_.residual_conversions += 1;
-    stats_.residual_converted_bytes += out.size();
-    stats_.residual_changed_elements += rec.indices.size();
-    stats_.convert_seconds += seconds(c1 - c0);
-    stats_.residual_compare_seconds += seconds(clock::now() - c1);
+    stats.residual_conversions += 1;
+    stats.residual_converted_bytes += out.size();
+    stats.residual_changed_elements += rec.indices.size();
+    stats.convert_seconds += seconds(c1 - c0);
+    stats.residual_compare_seconds += seconds(clock::now() - c1);
   }
 }
 
-DCR_INLINE void owner::project(std::size_t i, std::span<const std::byte> candidate, bool gathered) {
+DCR_INLINE void owner::project(std::size_t i, std::span<const std::byte> candidate, bool gathered,
+                               build_scratch& scratch) {
   const auto& task = tasks_[i];
   const std::span<const std::uint64_t> changed = changed_[i];
   if (changed.empty()) return;
   const std::size_t wb = dtype_size(task.type);
   std::visit(
       [&](const auto& m) {
-        part_records_.assign(task.targets.size(), nullptr);
-        part_fill_.assign(task.targets.size(), 0);
+        scratch.part_records.assign(task.targets.size(), nullptr);
+        scratch.part_fill.assign(task.targets.size(), 0);
         for (std::size_t p = 0; p < task.targets.size(); ++p) {
           auto* r = &records_[slot_of_.at(task.targets[p])];
           r->word_bytes = wb;
           r->delta_encodable = r->delta_encodable && task.delta_encodable;
-          part_records_[p] = r;
+          scratch.part_records[p] = r;
         }
         // Coordinates the detect backend projected (check_projected vetted them), or m(j).
         // Groups of changed[k0 .. k1) landing at d.index + changed[k] - j0 in part d.part: one
@@ -451,19 +554,19 @@ DCR_INLINE void owner::project(std::size_t i, std::span<const std::byte> candida
               changed[k]);
         };
         if (task.targets.size() == 1) {
-          part_fill_[0] = changed.size();
+          scratch.part_fill[0] = changed.size();
         } else {
           for_each_group([&](std::size_t k0, std::size_t k1, mapped_index d, std::uint64_t) {
-            part_fill_[d.part] += k1 - k0;
+            scratch.part_fill[d.part] += k1 - k0;
           });
         }
         for (std::size_t p = 0; p < task.targets.size(); ++p) {
-          record_buffer& r = *part_records_[p];
+          record_buffer& r = *scratch.part_records[p];
           const std::size_t at = r.indices.size();
-          r.indices.resize(at + part_fill_[p]);
-          r.old_bytes.resize((at + part_fill_[p]) * wb);
-          r.new_bytes.resize((at + part_fill_[p]) * wb);
-          part_fill_[p] = at;  // now the next free slot
+          r.indices.resize(at + scratch.part_fill[p]);
+          r.old_bytes.resize((at + scratch.part_fill[p]) * wb);
+          r.new_bytes.resize((at + scratch.part_fill[p]) * wb);
+          scratch.part_fill[p] = at;  // now the next free slot
         }
         visit_word(wb, [&](auto w) {
           using W = decltype(w);
@@ -472,9 +575,9 @@ DCR_INLINE void owner::project(std::size_t i, std::span<const std::byte> candida
           const W* gathered_old = reinterpret_cast<const W*>(gathered_old_[i].data());
           const W* gathered_new = reinterpret_cast<const W*>(gathered_new_[i].data());
           for_each_group([&](std::size_t k0, std::size_t k1, mapped_index d, std::uint64_t j0) {
-            record_buffer& r = *part_records_[d.part];
-            const std::size_t at = part_fill_[d.part];
-            part_fill_[d.part] += k1 - k0;
+            record_buffer& r = *scratch.part_records[d.part];
+            const std::size_t at = scratch.part_fill[d.part];
+            scratch.part_fill[d.part] += k1 - k0;
             std::uint64_t* index = r.indices.data() + at;
             const std::uint64_t shift = d.index - j0;  // modular: d.index + (j - j0)
             for (std::size_t k = k0; k < k1; ++k) index[k - k0] = changed[k] + shift;
@@ -549,13 +652,7 @@ DCR_INLINE std::uint32_t pack_payloads(const tensor_registry& registry,
   std::size_t begin = 0;
   payload_header h = header_template;
   while (begin < items.size()) {
-    std::size_t end = begin;
-    std::size_t bytes = 0;
-    do {
-      bytes += items[end].count() * (8 + items[end].word_bytes());
-      ++end;
-    } while (end < items.size() &&
-             bytes + items[end].count() * (8 + items[end].word_bytes()) <= bucket_bytes);
+    const std::size_t end = begin + detail::bucket_item_count(items.subspan(begin), bucket_bytes);
     out.emplace_back();
     encoder.encode(h, items.subspan(begin, end - begin), registry, out.back());
     if (ids != nullptr) ids->push_back(h.id);
