@@ -1,9 +1,7 @@
 // tools/dcr/simulate_agent_receiver.hpp: the receiver process of `dcr simulate`
 // (simulate_agents.hpp), as a template over its control plane: one serving rank's receiver
-// agent, checked against a dense refit after its steps. Tool-internal. Each control plane's
-// instantiation has a translation unit of its own (simulate_agent_receiver_file.cpp,
-// simulate_agent_receiver_etcd.cpp), so that no unit compiles the agent over every plane,
-// transport and fault wrapper at once.
+// agent, checked against a dense refit after its steps. Tool-internal; instantiated in
+// simulate_agent_receiver.cpp.
 #pragma once
 
 #include <atomic>

@@ -1,9 +1,8 @@
 // tools/dcr/simulate_agents.hpp: what the processes of `dcr simulate` share (tool-internal):
-// the parent (simulate_processes.cpp) and the three agents it starts, each in translation units
-// of its own (simulate_agent_coordinator.cpp, simulate_agent_owner.cpp, and the receiver, one
-// unit per control plane: simulate_agent_receiver_{file,etcd}.cpp over
-// simulate_agent_receiver.hpp), so that no unit instantiates every agent over every control
-// plane and transport.
+// the parent (simulate_processes.cpp) and the three agents it starts, each in a translation unit
+// of its own (simulate_agent_coordinator.cpp, simulate_agent_owner.cpp,
+// simulate_agent_receiver.cpp over simulate_agent_receiver.hpp), so that no unit instantiates
+// every agent over every control plane and transport.
 #pragma once
 
 #include <fcntl.h>
@@ -123,10 +122,9 @@ std::uint64_t wait_for_commit_record(Plane& plane, const dcr::protocol_keys& key
 }
 
 // The agents, one process each (`--role coordinator|owner|receiver`); each returns the
-// process's exit status. run_receiver_etcd is run_receiver over an etcd plane.
+// process's exit status.
 int run_coordinator(const simulate_settings& s);
 int run_owner(const simulate_settings& s);
 int run_receiver(const simulate_settings& s);
-int run_receiver_etcd(const simulate_settings& s);
 
 }  // namespace dcr_tool
