@@ -324,29 +324,26 @@ TEST_CASE("payload sources hold a payload to its manifest's size: longer or shor
     store.delta = delta;
     const std::string expected = "payload " + dcr::to_string(pid(3, 1)) + ": got " +
                                  std::to_string(8 + delta) + " bytes, its owner's manifest says 8";
-    dcr::delivery d;
-    {
-      dcr::store_source src(store, 1ms);
+    // What the source throws once it reaches the resized payload (the other one is delivered).
+    const auto failure_of = [&](auto& src) {
       src.open(key, std::vector<std::uint32_t>{3});
-      const auto what = error_of(
+      dcr::delivery d;
+      return error_of(
           [&] {
             while (src.next(d, dcr::protocol_clock::now() + 2s) == dcr::source_status::delivered) {}
           },
           dcr::errc::transport_failure);
-      CHECK(what.find(expected) != std::string::npos);
+    };
+    {
+      dcr::store_source src(store, 1ms);
+      CHECK(failure_of(src).find(expected) != std::string::npos);
       std::vector<std::byte> again;
       CHECK(error_of([&] { src.refetch(pid(3, 1), again); }, dcr::errc::transport_failure).find(expected) !=
             std::string::npos);
     }
     {
       dcr::prefetch_source src(store, dcr::prefetch_options{2, 0, 1ms});
-      src.open(key, std::vector<std::uint32_t>{3});
-      const auto what = error_of(
-          [&] {
-            while (src.next(d, dcr::protocol_clock::now() + 2s) == dcr::source_status::delivered) {}
-          },
-          dcr::errc::transport_failure);
-      CHECK(what.find(expected) != std::string::npos);
+      CHECK(failure_of(src).find(expected) != std::string::npos);
     }
     // Every get was capped at the manifest's size of the payload it asked for.
     CHECK(!store.caps.empty());
