@@ -34,7 +34,7 @@ int run_receiver_over(const simulate_settings& s, Plane& plane, const dcr::proto
   const auto device_apply = make_apply_backend(s.device, storage.buffers(), s.id);
   if (device_apply) rx.set_apply_backend(device_apply.get());
   std::unique_ptr<dcr::sim::moe_engine_storage> reference;
-  std::vector<std::byte> canonical, scratch;
+  std::vector<std::byte> canonical;
   // Dense load of version `step`, one canonical tensor at a time, through `target`'s loader.
   auto dense_load = [&](dcr::receiver<dcr::sim::moe_engine_loader>& target, std::uint64_t step) {
     for (std::size_t id = 0; id < registry.size(); ++id) {

@@ -436,11 +436,11 @@ struct step_reports {
 
 /// One step's report from the coordinator's line `st`, the agents' lines of that step and the
 /// control plane's history; `previous_revision` is the last committed version's revision
-/// (committed in order: each step's must be later). Sets `exact` to whether it committed once
-/// and every receiver rank verified it bit-exact.
+/// (committed in order: each step's must be later). Its "bit_exact" says whether it committed
+/// once and every receiver rank verified it bit-exact.
 json step_report(const simulate_settings& s, const json& st, agent_lines& lines,
                  const plane_history& history, std::int64_t& previous_revision,
-                 std::set<std::uint64_t>& committed_versions, step_reports& totals, bool& exact) {
+                 std::set<std::uint64_t>& committed_versions, step_reports& totals) {
   const auto step = st["step"].get<std::uint64_t>();
   const bool committed = st["committed"].get<bool>();
   // Committed exactly once: the coordinator reported the step once, and the control plane's
@@ -453,7 +453,7 @@ json step_report(const simulate_settings& s, const json& st, agent_lines& lines,
   const bool once = committed_versions.insert(step).second && in_history;
   // Every receiver reports the steps it held; all of them must be bit-exact, and every
   // receiver rank must have verified this step (a restarted one verifies after its restore).
-  exact = committed && once;
+  bool exact = committed && once;
   std::set<std::string> ranks;
   std::string mismatch;
   for (const auto& r : lines.receivers[step]) {
@@ -540,9 +540,8 @@ step_reports report_steps_of(const simulate_settings& s, agent_lines& lines, con
   std::set<std::uint64_t> committed_versions;
   out.all_ok = static_cast<std::int64_t>(lines.coordinator.size()) == s.steps;
   for (const auto& st : lines.coordinator) {
-    bool exact = false;
-    out.steps.push_back(step_report(s, st, lines, history, previous_revision, committed_versions, out, exact));
-    out.all_ok = out.all_ok && exact;
+    out.steps.push_back(step_report(s, st, lines, history, previous_revision, committed_versions, out));
+    out.all_ok = out.all_ok && out.steps.back()["bit_exact"].get<bool>();
   }
   return out;
 }
