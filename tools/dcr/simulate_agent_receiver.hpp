@@ -123,6 +123,10 @@ int run_receiver_over(const simulate_settings& s, Plane& plane, const dcr::proto
       }
       return 0;
     };
+    // The injected delivery faults (--fault, rank 0 only). Every receiver reads through the
+    // decorator, which passes everything through when it has no choice to make: one receiver
+    // agent per source type, not two.
+    dcr::testing::fault_choice choice;
     if (s.fault != "none" && rank == 0) {
       const auto step = static_cast<std::uint64_t>(s.fault_step);
       dcr::testing::delivery_fault kind = dcr::testing::delivery_fault::none;
@@ -134,19 +138,19 @@ int run_receiver_over(const simulate_settings& s, Plane& plane, const dcr::proto
       if (s.fault == "stale") kind = dcr::testing::delivery_fault::stale;
       // stale needs a failed attempt first: drop the second delivery of attempt 0, then
       // deliver a kept payload of attempt 0 during attempt 1.
-      dcr::testing::faulty_source<std::remove_reference_t<decltype(source)>> faulty(
-          source, [=](const dcr::attempt_key& key, std::uint64_t ordinal) {
-            if (key.target_version != step) return dcr::testing::delivery_fault::none;
-            if (kind == dcr::testing::delivery_fault::stale) {
-              if (key.number == 0 && ordinal == 1) return dcr::testing::delivery_fault::drop;
-              if (key.number > 0 && ordinal == 0) return dcr::testing::delivery_fault::stale;
-              return dcr::testing::delivery_fault::none;
-            }
-            return key.number == 0 && ordinal == 0 ? kind : dcr::testing::delivery_fault::none;
-          });
-      return serve(faulty);
+      choice = [=](const dcr::attempt_key& key, std::uint64_t ordinal) {
+        if (key.target_version != step) return dcr::testing::delivery_fault::none;
+        if (kind == dcr::testing::delivery_fault::stale) {
+          if (key.number == 0 && ordinal == 1) return dcr::testing::delivery_fault::drop;
+          if (key.number > 0 && ordinal == 0) return dcr::testing::delivery_fault::stale;
+          return dcr::testing::delivery_fault::none;
+        }
+        return key.number == 0 && ordinal == 0 ? kind : dcr::testing::delivery_fault::none;
+      };
     }
-    return serve(source);
+    dcr::testing::faulty_source<std::remove_reference_t<decltype(source)>> faulty(source,
+                                                                                   std::move(choice));
+    return serve(faulty);
   });
 }
 

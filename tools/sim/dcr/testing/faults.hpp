@@ -38,6 +38,8 @@ enum class delivery_fault {
 /// Chooses the fault of the k-th delivery (0-based) of an attempt.
 using fault_choice = std::function<delivery_fault(const attempt_key&, std::uint64_t ordinal)>;
 
+/// Without a choice (an empty fault_choice) it is a pass-through: every call goes to the inner
+/// source as it is, and no delivery is copied or held.
 template <payload_source Source>
 class faulty_source {
  public:
@@ -46,6 +48,7 @@ class faulty_source {
   faulty_source(Source& inner, fault_choice choice) : inner_(&inner), choice_(std::move(choice)) {}
 
   void open(const attempt_key& key, std::span<const std::uint32_t> owners) {
+    if (!choice_) return inner_->open(key, owners);
     if (key != key_ && !last_.bytes.empty() && key.base_version == key_.base_version)
       stale_ = last_;  // a payload of the attempt being replaced, to be delivered late
     key_ = key;
@@ -56,6 +59,7 @@ class faulty_source {
   }
 
   source_status next(delivery& out, protocol_clock::time_point deadline) {
+    if (!choice_) return inner_->next(out, deadline);
     if (replay_) {
       out = std::move(*replay_);
       replay_.reset();
@@ -69,7 +73,7 @@ class faulty_source {
     }
     if (status != source_status::delivered) return status;
     last_ = out;
-    const auto fault = choice_ ? choice_(key_, ordinal_) : delivery_fault::none;
+    const auto fault = choice_(key_, ordinal_);
     ++ordinal_;
     switch (fault) {
       case delivery_fault::none: break;
