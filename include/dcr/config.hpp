@@ -43,13 +43,42 @@
 /// instead split it in two units, each defining DCR_SEPARATE_LIBRARY_PART to one part's number
 /// before that include, so that the two compile in parallel (dcr's own build does). Each .inl
 /// guards its bodies with DCR_HEADER_BODIES_OF(its part).
+///
+/// The networked parts outside the umbrella (dcr/protocol/plane/etcd_control_plane.hpp,
+/// dcr/protocol/store/s3_payload_store.hpp, dcr/protocol/relay/relay.hpp), DCR_PART_NETWORK,
+/// stay header-only in both modes unless the program also defines DCR_SEPARATE_NETWORK for
+/// every unit. Then their bodies (marked DCR_NETWORK_INLINE) are defined once, by the library
+/// unit that includes them after dcr/separate_compilation.hpp: the one unit, or a unit of its
+/// own with DCR_SEPARATE_LIBRARY_PART set to DCR_PART_NETWORK (one per header, so that a program
+/// links only the clients it uses: examples/separate_compilation_{etcd,s3,relay}.cpp).
 #define DCR_PART_REFIT 1
 #define DCR_PART_PROTOCOL 2
-#if defined(DCR_BUILDING_SEPARATE_LIBRARY) && defined(DCR_SEPARATE_LIBRARY_PART)
-#define DCR_HEADER_BODIES_OF(part) (DCR_SEPARATE_LIBRARY_PART == (part))
-#else
-#define DCR_HEADER_BODIES_OF(part) DCR_HEADER_BODIES
+#define DCR_PART_NETWORK 3
+#if defined(DCR_SEPARATE_NETWORK) && !defined(DCR_SEPARATE_COMPILATION)
+#error "DCR_SEPARATE_NETWORK needs DCR_SEPARATE_COMPILATION as well (dcr/config.hpp)"
 #endif
+#if defined(DCR_SEPARATE_NETWORK)
+/// Nothing: the networked parts' bodies are compiled once (DCR_SEPARATE_NETWORK).
+#define DCR_NETWORK_INLINE
+#if defined(DCR_BUILDING_SEPARATE_LIBRARY) && \
+    (!defined(DCR_SEPARATE_LIBRARY_PART) || DCR_SEPARATE_LIBRARY_PART == DCR_PART_NETWORK)
+#define DCR_NETWORK_BODIES 1
+#else
+#define DCR_NETWORK_BODIES 0
+#endif
+#else
+/// `inline`: the networked parts are header-only (the default, in both modes).
+#define DCR_NETWORK_INLINE inline
+#define DCR_NETWORK_BODIES 1
+#endif
+#if defined(DCR_BUILDING_SEPARATE_LIBRARY) && defined(DCR_SEPARATE_LIBRARY_PART)
+#define DCR_CORE_BODIES_OF(part) (DCR_SEPARATE_LIBRARY_PART == (part))
+#else
+#define DCR_CORE_BODIES_OF(part) DCR_HEADER_BODIES
+#endif
+/// 1 where this unit defines the bodies of `part` (a .inl's guard).
+#define DCR_HEADER_BODIES_OF(part) \
+  ((part) == DCR_PART_NETWORK ? DCR_NETWORK_BODIES : DCR_CORE_BODIES_OF(part))
 
 #if defined(DCR_SEPARATE_COMPILATION)
 /// Separate compilation only: `extern template` (an explicit instantiation declaration) where

@@ -64,6 +64,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "dcr/config.hpp"
 #include "dcr/detail/base64.hpp"
 #include "dcr/detail/protocol/curl.hpp"
 #include "dcr/error.hpp"

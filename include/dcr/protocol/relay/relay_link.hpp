@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "dcr/codec/item.hpp"
+#include "dcr/config.hpp"
 #include "dcr/error.hpp"
 
 namespace dcr {

@@ -36,6 +36,7 @@
 #include <optional>
 #include <set>
 
+#include "dcr/config.hpp"
 #include "dcr/protocol/control_plane.hpp"
 #include "dcr/protocol/payload_source.hpp"
 #include "dcr/protocol/relay/relay_link.hpp"

@@ -39,6 +39,7 @@
 #include <mutex>
 #include <set>
 
+#include "dcr/config.hpp"
 #include "dcr/protocol/control_plane.hpp"
 #include "dcr/protocol/link_shaper.hpp"
 #include "dcr/protocol/payload_store.hpp"

@@ -37,6 +37,7 @@
 #include <optional>
 #include <set>
 
+#include "dcr/config.hpp"
 #include "dcr/protocol/relay/relay_link.hpp"
 
 namespace dcr {

@@ -84,6 +84,7 @@
 #include <vector>
 
 #include "dcr/codec/item.hpp"
+#include "dcr/config.hpp"
 #include "dcr/detail/protocol/store/s3_client.hpp"
 #include "dcr/detail/protocol/store/s3_xml.hpp"
 #include "dcr/error.hpp"

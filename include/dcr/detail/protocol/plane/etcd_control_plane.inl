@@ -2,9 +2,11 @@
 // (included at its end).
 #pragma once
 
+#if DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)
+
 namespace dcr {
 
-inline etcd_address etcd_control_plane::parse_address(std::string_view address) {
+DCR_NETWORK_INLINE etcd_address etcd_control_plane::parse_address(std::string_view address) {
   const auto bad = [&](const std::string& why) -> etcd_address {
     throw error(errc::invalid_argument, "etcd address '" + std::string(address) + "': " + why +
                                             " (expected etcd://HOST:PORT[/PREFIX][?OPTIONS])");
@@ -112,7 +114,7 @@ inline etcd_address etcd_control_plane::parse_address(std::string_view address) 
   return out;
 }
 
-inline etcd_control_plane::etcd_control_plane(std::string endpoint, etcd_options options)
+DCR_NETWORK_INLINE etcd_control_plane::etcd_control_plane(std::string endpoint, etcd_options options)
     : endpoint_(std::move(endpoint)), options_(std::move(options)) {
   while (endpoint_.ends_with('/')) endpoint_.pop_back();
   shown_ = shown_endpoint(endpoint_);
@@ -141,7 +143,7 @@ inline etcd_control_plane::etcd_control_plane(std::string endpoint, etcd_options
   watch_handle_ = new_handle();
 }
 
-inline etcd_control_plane etcd_control_plane::open(std::string_view address, etcd_options options) {
+DCR_NETWORK_INLINE etcd_control_plane etcd_control_plane::open(std::string_view address, etcd_options options) {
   auto a = parse_address(address);
   options.key_prefix = std::move(a.key_prefix);
   if (!a.options.ca_file.empty()) options.ca_file = std::move(a.options.ca_file);
@@ -156,7 +158,7 @@ inline etcd_control_plane etcd_control_plane::open(std::string_view address, etc
   return etcd_control_plane(std::move(a.endpoint), std::move(options));
 }
 
-inline std::optional<control_record> etcd_control_plane::get(const std::string& key) {
+DCR_NETWORK_INLINE std::optional<control_record> etcd_control_plane::get(const std::string& key) {
   const std::string k = full(key);
   const auto reply = call("get", k, "/v3/kv/range", {{"key", detail::base64_encode(k)}});
   return decode("get", k, [&]() -> std::optional<control_record> {
@@ -166,7 +168,7 @@ inline std::optional<control_record> etcd_control_plane::get(const std::string& 
   });
 }
 
-inline std::vector<control_record> etcd_control_plane::list(const std::string& prefix) {
+DCR_NETWORK_INLINE std::vector<control_record> etcd_control_plane::list(const std::string& prefix) {
   const std::string k = full(prefix);
   const auto reply = call("list", k, "/v3/kv/range", range_body(k));
   return decode("list", k, [&] {
@@ -177,7 +179,7 @@ inline std::vector<control_record> etcd_control_plane::list(const std::string& p
   });
 }
 
-inline bool etcd_control_plane::transact(std::span<const key_compare> compares,
+DCR_NETWORK_INLINE bool etcd_control_plane::transact(std::span<const key_compare> compares,
                                          std::span<const key_write> writes) {
   nlohmann::json cmp = nlohmann::json::array();
   for (const auto& c : compares)
@@ -207,7 +209,7 @@ inline bool etcd_control_plane::transact(std::span<const key_compare> compares,
   });
 }
 
-inline std::int64_t etcd_control_plane::revision() {
+DCR_NETWORK_INLINE std::int64_t etcd_control_plane::revision() {
   // The member's status: its header holds the store's revision, and etcd asks only that the
   // caller be authenticated, so a user whose role covers just some keys may ask too (a range
   // over a probe key would need read access to that key).
@@ -216,7 +218,7 @@ inline std::int64_t etcd_control_plane::revision() {
   return decode("revision", what, [&] { return header_revision(reply); });
 }
 
-inline std::int64_t etcd_control_plane::wait_for_change(const std::string& prefix,
+DCR_NETWORK_INLINE std::int64_t etcd_control_plane::wait_for_change(const std::string& prefix,
                                                         std::int64_t after,
                                                         protocol_clock::time_point deadline) {
   const std::string k = full(prefix);
@@ -265,7 +267,7 @@ inline std::int64_t etcd_control_plane::wait_for_change(const std::string& prefi
   return st.observed > 0 ? st.observed : revision();  // etcd closed the stream
 }
 
-inline lease_id etcd_control_plane::grant_lease(std::chrono::seconds ttl) {
+DCR_NETWORK_INLINE lease_id etcd_control_plane::grant_lease(std::chrono::seconds ttl) {
   DCR_EXPECTS(ttl.count() > 0, errc::invalid_argument,
               "etcd control plane '" + shown_ + "': grant_lease: ttl must be > 0 s");
   const auto reply = call("grant_lease", "-", "/v3/lease/grant", {{"TTL", ttl.count()}, {"ID", 0}});
@@ -276,7 +278,7 @@ inline lease_id etcd_control_plane::grant_lease(std::chrono::seconds ttl) {
   });
 }
 
-inline bool etcd_control_plane::keep_alive(lease_id lease) {
+DCR_NETWORK_INLINE bool etcd_control_plane::keep_alive(lease_id lease) {
   if (lease == 0) return false;
   const std::string what = std::to_string(lease);
   const auto reply = call("keep_alive", what, "/v3/lease/keepalive", {{"ID", what}});
@@ -288,13 +290,13 @@ inline bool etcd_control_plane::keep_alive(lease_id lease) {
   });
 }
 
-inline void etcd_control_plane::revoke(lease_id lease) {
+DCR_NETWORK_INLINE void etcd_control_plane::revoke(lease_id lease) {
   if (lease == 0) return;
   const std::string what = std::to_string(lease);
   call("revoke", what, "/v3/lease/revoke", {{"ID", what}}, /*not_found_ok=*/true);
 }
 
-inline void etcd_control_plane::global_init() {
+DCR_NETWORK_INLINE void etcd_control_plane::global_init() {
   // Once per process, before any handle; not thread-safe itself, hence the static.
   [[maybe_unused]] static const bool done = [] {
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
@@ -304,14 +306,14 @@ inline void etcd_control_plane::global_init() {
   }();
 }
 
-inline etcd_control_plane::handle_ptr etcd_control_plane::new_handle() const {
+DCR_NETWORK_INLINE etcd_control_plane::handle_ptr etcd_control_plane::new_handle() const {
   handle_ptr h(curl_easy_init());
   DCR_EXPECTS(h != nullptr, errc::control_plane_unavailable,
               "etcd control plane '" + shown_ + "': libcurl could not make a handle");
   return h;
 }
 
-inline std::string etcd_control_plane::shown_endpoint(const std::string& e) {
+DCR_NETWORK_INLINE std::string etcd_control_plane::shown_endpoint(const std::string& e) {
   const auto scheme = e.find("://");
   const auto start = scheme == std::string::npos ? 0 : scheme + 3;
   const auto at = e.find('@', start);
@@ -320,7 +322,7 @@ inline std::string etcd_control_plane::shown_endpoint(const std::string& e) {
   return e.substr(0, start) + e.substr(at + 1);
 }
 
-inline nlohmann::json etcd_control_plane::range_body(const std::string& k) {
+DCR_NETWORK_INLINE nlohmann::json etcd_control_plane::range_body(const std::string& k) {
   if (k.empty())
     return {{"key", detail::base64_encode(std::string(1, '\0'))},
             {"range_end", detail::base64_encode(std::string(1, '\0'))}};
@@ -334,7 +336,7 @@ inline nlohmann::json etcd_control_plane::range_body(const std::string& k) {
   return {{"key", detail::base64_encode(k)}, {"range_end", detail::base64_encode(end)}};
 }
 
-inline std::size_t etcd_control_plane::json_value_end(const std::string& s, std::size_t at) {
+DCR_NETWORK_INLINE std::size_t etcd_control_plane::json_value_end(const std::string& s, std::size_t at) {
   while (at < s.size() && (s[at] == ' ' || s[at] == '\n' || s[at] == '\r' || s[at] == '\t')) ++at;
   if (at == s.size()) return std::string::npos;
   int depth = 0;
@@ -360,7 +362,7 @@ inline std::size_t etcd_control_plane::json_value_end(const std::string& s, std:
   return std::string::npos;
 }
 
-inline std::int64_t etcd_control_plane::to_i64(const nlohmann::json& j, const char* field) {
+DCR_NETWORK_INLINE std::int64_t etcd_control_plane::to_i64(const nlohmann::json& j, const char* field) {
   const auto it = j.find(field);
   if (it == j.end() || it->is_null()) return 0;
   if (it->is_number_integer()) return it->get<std::int64_t>();
@@ -371,7 +373,7 @@ inline std::int64_t etcd_control_plane::to_i64(const nlohmann::json& j, const ch
   return v;
 }
 
-inline std::int64_t etcd_control_plane::header_revision(const nlohmann::json& reply,
+DCR_NETWORK_INLINE std::int64_t etcd_control_plane::header_revision(const nlohmann::json& reply,
                                                         bool required) {
   const auto h = reply.find("header");
   if (h == reply.end()) {
@@ -383,7 +385,7 @@ inline std::int64_t etcd_control_plane::header_revision(const nlohmann::json& re
   return r;
 }
 
-inline std::optional<etcd_control_plane::etcd_failure> etcd_control_plane::etcd_error(
+DCR_NETWORK_INLINE std::optional<etcd_control_plane::etcd_failure> etcd_control_plane::etcd_error(
     const nlohmann::json& reply) {
   if (!reply.is_object()) return std::nullopt;
   const auto e = reply.find("error");
@@ -397,14 +399,14 @@ inline std::optional<etcd_control_plane::etcd_failure> etcd_control_plane::etcd_
   return etcd_failure{reply.value("code", 2), message.empty() ? "(no message)" : message};
 }
 
-inline void etcd_control_plane::unavailable(std::string_view op, const std::string& key,
+DCR_NETWORK_INLINE void etcd_control_plane::unavailable(std::string_view op, const std::string& key,
                                             const std::string& why) const {
   throw error(errc::control_plane_unavailable, "etcd control plane '" + shown_ +
                                                    "': " + std::string(op) + " '" + printable(key) +
                                                    "': " + why);
 }
 
-inline void etcd_control_plane::fail_grpc(std::string_view op, const std::string& key,
+DCR_NETWORK_INLINE void etcd_control_plane::fail_grpc(std::string_view op, const std::string& key,
                                           const etcd_failure& f) const {
   errc code = errc::invalid_argument;
   switch (f.grpc_code) {
@@ -432,7 +434,7 @@ inline void etcd_control_plane::fail_grpc(std::string_view op, const std::string
                         "): " + f.message);
 }
 
-inline std::string etcd_control_plane::printable(const std::string& key) {
+DCR_NETWORK_INLINE std::string etcd_control_plane::printable(const std::string& key) {
   static constexpr char hex[] = "0123456789abcdef";
   std::string out;
   for (const char ch : key) {
@@ -448,7 +450,7 @@ inline std::string etcd_control_plane::printable(const std::string& key) {
   return out;
 }
 
-inline std::string etcd_control_plane::token() {
+DCR_NETWORK_INLINE std::string etcd_control_plane::token() {
   if (options_.user.empty()) return {};
   std::lock_guard lock(auth_mutex_);
   if (!token_.empty()) return token_;
@@ -468,17 +470,17 @@ inline std::string etcd_control_plane::token() {
   return token_;
 }
 
-inline void etcd_control_plane::drop_token(const std::string& used) {
+DCR_NETWORK_INLINE void etcd_control_plane::drop_token(const std::string& used) {
   std::lock_guard lock(auth_mutex_);
   if (token_ == used) token_.clear();
 }
 
-inline bool etcd_control_plane::token_refused(const etcd_failure& f) {
+DCR_NETWORK_INLINE bool etcd_control_plane::token_refused(const etcd_failure& f) {
   return f.grpc_code == 16 || f.message.find("invalid auth token") != std::string::npos ||
          f.message.find("code = Unauthenticated") != std::string::npos;
 }
 
-inline nlohmann::json etcd_control_plane::call(std::string_view op, const std::string& key,
+DCR_NETWORK_INLINE nlohmann::json etcd_control_plane::call(std::string_view op, const std::string& key,
                                                const char* path, const nlohmann::json& body,
                                                bool not_found_ok) {
   const std::string text = body.dump();
@@ -497,7 +499,7 @@ inline nlohmann::json etcd_control_plane::call(std::string_view op, const std::s
   }
 }
 
-inline nlohmann::json etcd_control_plane::call_once(std::string_view op, const std::string& key,
+DCR_NETWORK_INLINE nlohmann::json etcd_control_plane::call_once(std::string_view op, const std::string& key,
                                                     const char* path, const std::string& text,
                                                     const std::string& auth_token,
                                                     std::optional<etcd_failure>& refused,
@@ -537,7 +539,7 @@ inline nlohmann::json etcd_control_plane::call_once(std::string_view op, const s
   return reply;
 }
 
-inline control_record etcd_control_plane::to_record(const nlohmann::json& kv) const {
+DCR_NETWORK_INLINE control_record etcd_control_plane::to_record(const nlohmann::json& kv) const {
   const auto key = detail::base64_decode(kv.at("key").get_ref<const std::string&>());
   const auto vit = kv.find("value");  // proto3 JSON leaves out an empty value
   const auto value = vit == kv.end() ? std::optional<std::string>(std::string())
@@ -550,3 +552,5 @@ inline control_record etcd_control_plane::to_record(const nlohmann::json& kv) co
 }
 
 }  // namespace dcr
+
+#endif  // DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)

@@ -2,31 +2,33 @@
 // end).
 #pragma once
 
+#if DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)
+
 namespace dcr::relay_wire {
 
-inline writer::writer(relay_frame type, std::size_t reserve) {
+DCR_NETWORK_INLINE writer::writer(relay_frame type, std::size_t reserve) {
   bytes_.reserve(header_bytes + reserve);
   bytes_.assign(header_bytes, std::byte{0});  // reserved fields zero (resize would leave them)
   bytes_[0] = static_cast<std::byte>(type);
 }
 
-inline writer& writer::str(std::string_view s) {
+DCR_NETWORK_INLINE writer& writer::str(std::string_view s) {
   DCR_EXPECTS(s.size() <= 0xffff, errc::overflow, "relay: string field longer than 65535 bytes");
   u16(static_cast<std::uint16_t>(s.size()));
   return raw(s.data(), s.size());
 }
 
-inline writer& writer::id(const payload_id& p) {
+DCR_NETWORK_INLINE writer& writer::id(const payload_id& p) {
   return key(p.attempt).u32(p.owner).u32(p.sequence);
 }
 
-inline writer& writer::raw(const void* p, std::size_t n) {
+DCR_NETWORK_INLINE writer& writer::raw(const void* p, std::size_t n) {
   const auto* b = static_cast<const std::byte*>(p);
   bytes_.insert(bytes_.end(), b, b + n);
   return *this;
 }
 
-inline frame_ptr writer::done() {
+DCR_NETWORK_INLINE frame_ptr writer::done() {
   const auto body = bytes_.size() - header_bytes;
   DCR_EXPECTS(body <= max_body_bytes, errc::overflow, "relay: frame body too large");
   const auto n = static_cast<std::uint32_t>(body);
@@ -34,13 +36,13 @@ inline frame_ptr writer::done() {
   return std::make_shared<const buffer>(std::move(bytes_));
 }
 
-inline std::string reader::str() {
+DCR_NETWORK_INLINE std::string reader::str() {
   const auto n = u16();
   const auto s = take(n);
   return {reinterpret_cast<const char*>(s.data()), s.size()};
 }
 
-inline attempt_key reader::key() {
+DCR_NETWORK_INLINE attempt_key reader::key() {
   attempt_key k;
   k.base_version = u64();
   k.target_version = u64();
@@ -48,7 +50,7 @@ inline attempt_key reader::key() {
   return k;
 }
 
-inline payload_id reader::id() {
+DCR_NETWORK_INLINE payload_id reader::id() {
   const auto k = key();
   payload_id p{k, 0, 0};
   p.owner = u32();
@@ -56,7 +58,7 @@ inline payload_id reader::id() {
   return p;
 }
 
-inline std::uint32_t reader::count(std::size_t item_bytes, std::uint32_t limit, const char* what) {
+DCR_NETWORK_INLINE std::uint32_t reader::count(std::size_t item_bytes, std::uint32_t limit, const char* what) {
   const auto n = u32();
   const std::size_t left = body_.size() - at_;
   DCR_EXPECTS(n <= limit && n <= left / std::max<std::size_t>(item_bytes, 1), errc::corrupt_payload,
@@ -66,13 +68,13 @@ inline std::uint32_t reader::count(std::size_t item_bytes, std::uint32_t limit, 
   return n;
 }
 
-inline void reader::end() const {
+DCR_NETWORK_INLINE void reader::end() const {
   DCR_EXPECTS(at_ == body_.size(), errc::corrupt_payload,
               "relay: " + std::to_string(body_.size() - at_) +
                   " unexpected bytes after frame type " + std::to_string(static_cast<int>(type_)));
 }
 
-inline std::span<const std::byte> reader::take(std::size_t n) {
+DCR_NETWORK_INLINE std::span<const std::byte> reader::take(std::size_t n) {
   DCR_EXPECTS(n <= body_.size() - at_, errc::corrupt_payload,
               "relay: frame type " + std::to_string(static_cast<int>(type_)) + " truncated");
   auto s = body_.subspan(at_, n);
@@ -84,7 +86,7 @@ inline std::span<const std::byte> reader::take(std::size_t n) {
 
 namespace dcr {
 
-inline void relay_link::start(frame_handler on_frame, close_handler on_close) {
+DCR_NETWORK_INLINE void relay_link::start(frame_handler on_frame, close_handler on_close) {
   on_frame_ = std::move(on_frame);
   on_close_ = std::move(on_close);
   last_read_ = last_write_ = std::chrono::steady_clock::now();
@@ -92,14 +94,14 @@ inline void relay_link::start(frame_handler on_frame, close_handler on_close) {
   if (heartbeat_.interval.count() > 0 || heartbeat_.timeout.count() > 0) beat();
 }
 
-inline void relay_link::send(frame_ptr frame) {
+DCR_NETWORK_INLINE void relay_link::send(frame_ptr frame) {
   if (closed_) return;
   queued_bytes_ += frame->size();
   out_.push_back(std::move(frame));
   if (!writing_) write_some();
 }
 
-inline void relay_link::close(const std::string& reason) {
+DCR_NETWORK_INLINE void relay_link::close(const std::string& reason) {
   if (closed_) return;
   closed_ = true;
   reason_ = reason;
@@ -117,7 +119,7 @@ inline void relay_link::close(const std::string& reason) {
   }
 }
 
-inline void relay_link::beat() {
+DCR_NETWORK_INLINE void relay_link::beat() {
   using std::chrono::milliseconds;
   const auto now = std::chrono::steady_clock::now();
   const auto silent = std::chrono::duration_cast<milliseconds>(now - last_read_);
@@ -138,7 +140,7 @@ inline void relay_link::beat() {
   });
 }
 
-inline void relay_link::read_header() {
+DCR_NETWORK_INLINE void relay_link::read_header() {
   asio::async_read(stream_, asio::buffer(header_),
                    [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
                      if (ec) return self->fail("reading from", ec);
@@ -147,7 +149,7 @@ inline void relay_link::read_header() {
                    });
 }
 
-inline void relay_link::read_body() {
+DCR_NETWORK_INLINE void relay_link::read_body() {
   const auto type = static_cast<relay_frame>(header_[0]);
   std::uint32_t n = 0;
   for (int i = 0; i < 4; ++i) n |= static_cast<std::uint32_t>(header_[4 + i]) << (8 * i);
@@ -179,7 +181,7 @@ inline void relay_link::read_body() {
       });
 }
 
-inline void relay_link::write_some() {
+DCR_NETWORK_INLINE void relay_link::write_some() {
   if (out_.empty() || closed_) return;
   writing_ = true;
   last_write_ = std::chrono::steady_clock::now();
@@ -204,7 +206,7 @@ inline void relay_link::write_some() {
                     });
 }
 
-inline void relay_link::fail(const char* op, const asio::error_code& ec) {
+DCR_NETWORK_INLINE void relay_link::fail(const char* op, const asio::error_code& ec) {
   if (closed_) return;
   if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated ||
       ec == asio::error::connection_reset)
@@ -218,7 +220,7 @@ inline void relay_link::fail(const char* op, const asio::error_code& ec) {
 
 namespace dcr::relay_detail {
 
-inline void establishing::dial(const relay_endpoint& to, std::string what,
+DCR_NETWORK_INLINE void establishing::dial(const relay_endpoint& to, std::string what,
                                std::optional<relay_role> expect) {
   server_ = false;
   peer_ = to.text();
@@ -279,7 +281,7 @@ inline void establishing::dial(const relay_endpoint& to, std::string what,
       });
 }
 
-inline void establishing::accept(std::string where, std::vector<relay_role> accepted) {
+DCR_NETWORK_INLINE void establishing::accept(std::string where, std::vector<relay_role> accepted) {
   server_ = true;
   peer_ = remote_text(socket());
   what_ = std::move(where);
@@ -303,16 +305,16 @@ inline void establishing::accept(std::string where, std::vector<relay_role> acce
                           });
 }
 
-inline void establishing::abandon(const std::string& why) { finish(why); }
+DCR_NETWORK_INLINE void establishing::abandon(const std::string& why) { finish(why); }
 
-inline std::string establishing::why(const asio::error_code& ec) const {
+DCR_NETWORK_INLINE std::string establishing::why(const asio::error_code& ec) const {
   if (timed_out_) return "timed out after " + std::to_string(timeout_.count()) + " ms";
   return ec.message();
 }
 
-inline std::string establishing::refused_peer() const { return what_ + ": refused peer " + peer_; }
+DCR_NETWORK_INLINE std::string establishing::refused_peer() const { return what_ + ": refused peer " + peer_; }
 
-inline void establishing::arm() {
+DCR_NETWORK_INLINE void establishing::arm() {
   timer_.expires_after(timeout_);
   timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
     if (ec || self->finished_) return;
@@ -322,7 +324,7 @@ inline void establishing::arm() {
 
 // The timer ends the establishment itself: a resolver (whose lookup may never return) or a
 // peer that never answers cannot hold it past its timeout.
-inline void establishing::timed_out() {
+DCR_NETWORK_INLINE void establishing::timed_out() {
   timed_out_ = true;
   if (resolver_) resolver_->cancel();
   const asio::error_code none;
@@ -339,7 +341,7 @@ inline void establishing::timed_out() {
   }
 }
 
-inline std::string establishing::refused_text(const asio::error_code& ec) const {
+DCR_NETWORK_INLINE std::string establishing::refused_text(const asio::error_code& ec) const {
   if (server_) return what_ + ": peer " + peer_ + " went away during the hello: " + why(ec);
   // TLS 1.3: the server's verdict on our certificate arrives as an alert on the first read.
   return what_ + " " + peer_ + " refused this peer after the TLS handshake: " + why(ec) +
@@ -348,12 +350,12 @@ inline std::string establishing::refused_text(const asio::error_code& ec) const 
 }
 
 namespace detail {
-inline std::string with_article(relay_role r) {
+DCR_NETWORK_INLINE std::string with_article(relay_role r) {
   return (r == relay_role::owner ? "an " : "a ") + std::string(relay_role_name(r));
 }
 }  // namespace detail
 
-inline bool establishing::check_certificate_role() {
+DCR_NETWORK_INLINE bool establishing::check_certificate_role() {
   std::string problem;
   peer_cn_ = peer_common_name(stream_);
   cert_role_ = peer_certificate_role(stream_, problem);
@@ -375,7 +377,7 @@ inline bool establishing::check_certificate_role() {
   return true;
 }
 
-inline std::string establishing::role_refusal(relay_role claimed) const {
+DCR_NETWORK_INLINE std::string establishing::role_refusal(relay_role claimed) const {
   const std::string cert = "its certificate (CN=" + peer_cn_ + ")";
   const std::string who = server_ ? refused_peer() : what_ + " " + peer_ + " refused";
   if (!cert_role_)
@@ -390,7 +392,7 @@ inline std::string establishing::role_refusal(relay_role claimed) const {
   return {};
 }
 
-inline void establishing::read_hello() {
+DCR_NETWORK_INLINE void establishing::read_hello() {
   asio::async_read(
       stream_, asio::buffer(header_),
       [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
@@ -427,7 +429,7 @@ inline void establishing::read_hello() {
       });
 }
 
-inline void establishing::succeed() {
+DCR_NETWORK_INLINE void establishing::succeed() {
   if (finished_) return;
   finished_ = true;
   timer_.cancel();
@@ -435,7 +437,7 @@ inline void establishing::succeed() {
   done_(std::move(link), {}, false);
 }
 
-inline void establishing::finish(const std::string& err, bool unreachable) {
+DCR_NETWORK_INLINE void establishing::finish(const std::string& err, bool unreachable) {
   if (finished_) return;
   finished_ = true;
   timer_.cancel();
@@ -445,7 +447,7 @@ inline void establishing::finish(const std::string& err, bool unreachable) {
   done_(nullptr, err, unreachable);
 }
 
-inline listener::listener(asio::io_context& io, asio::ssl::context& ctx, const relay_endpoint& at,
+DCR_NETWORK_INLINE listener::listener(asio::io_context& io, asio::ssl::context& ctx, const relay_endpoint& at,
                           std::string what, std::vector<relay_role> accepted, relay_hello mine,
                           std::chrono::milliseconds timeout, link_handler on_link,
                           refusal_handler on_refused, relay_accept_limits limits,
@@ -479,7 +481,7 @@ inline listener::listener(asio::io_context& io, asio::ssl::context& ctx, const r
   what_ = what + " " + bound_.text();
 }
 
-inline void listener::close() {
+DCR_NETWORK_INLINE void listener::close() {
   asio::error_code ec;
   acceptor_.close(ec);
   backoff_.cancel();
@@ -489,7 +491,7 @@ inline void listener::close() {
   for (auto& [id, p] : pending) p.e->abandon(what_ + ": shutting down");
 }
 
-inline void listener::accept_next() {
+DCR_NETWORK_INLINE void listener::accept_next() {
   const auto id = next_id_++;
   auto e = std::make_shared<establishing>(
       *io_, *ctx_, mine_, timeout_,
@@ -531,7 +533,7 @@ inline void listener::accept_next() {
   });
 }
 
-inline void listener::admit(std::uint64_t id, std::shared_ptr<establishing> e, std::string address) {
+DCR_NETWORK_INLINE void listener::admit(std::uint64_t id, std::shared_ptr<establishing> e, std::string address) {
   pending_.emplace(id, pending_handshake{e, address});
   const auto from = static_cast<std::size_t>(std::count_if(
       pending_.begin(), pending_.end(), [&](const auto& p) { return p.second.address == address; }));
@@ -541,7 +543,7 @@ inline void listener::admit(std::uint64_t id, std::shared_ptr<establishing> e, s
   e->accept(what_, accepted_);
 }
 
-inline void listener::drop_oldest(const std::string* address) {
+DCR_NETWORK_INLINE void listener::drop_oldest(const std::string* address) {
   auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) {
     return address == nullptr || p.second.address == *address;
   });
@@ -566,7 +568,7 @@ inline void listener::drop_oldest(const std::string* address) {
   }
 }
 
-inline void io_thread::stop(std::function<void()> last) {
+DCR_NETWORK_INLINE void io_thread::stop(std::function<void()> last) {
   if (!thread_.joinable()) return;
   if (last) call([&] { last(); });
   work_.reset();
@@ -578,7 +580,7 @@ inline void io_thread::stop(std::function<void()> last) {
 
 namespace dcr {
 
-inline const char* relay_role_name(relay_role r) {
+DCR_NETWORK_INLINE const char* relay_role_name(relay_role r) {
   switch (r) {
     case relay_role::owner:
       return "owner";
@@ -590,13 +592,13 @@ inline const char* relay_role_name(relay_role r) {
   return "unknown peer";
 }
 
-inline std::string relay_role_unit(relay_role r) { return std::string("dcr-relay-") + relay_role_name(r); }
+DCR_NETWORK_INLINE std::string relay_role_unit(relay_role r) { return std::string("dcr-relay-") + relay_role_name(r); }
 
 }  // namespace dcr
 
 namespace dcr::relay_wire {
 
-inline frame_ptr hello_frame(const relay_hello& h) {
+DCR_NETWORK_INLINE frame_ptr hello_frame(const relay_hello& h) {
   return writer(relay_frame::hello)
       .u32(magic)
       .u16(version)
@@ -607,7 +609,7 @@ inline frame_ptr hello_frame(const relay_hello& h) {
       .done();
 }
 
-inline relay_hello parse_hello(std::span<const std::byte> body) {
+DCR_NETWORK_INLINE relay_hello parse_hello(std::span<const std::byte> body) {
   reader r(body, relay_frame::hello);
   DCR_EXPECTS(r.u32() == magic, errc::corrupt_payload,
               "relay: not a dcr relay peer (bad hello magic)");
@@ -626,11 +628,11 @@ inline relay_hello parse_hello(std::span<const std::byte> body) {
   return h;
 }
 
-inline frame_ptr ack_frame(relay_subject what, const payload_id& id) {
+DCR_NETWORK_INLINE frame_ptr ack_frame(relay_subject what, const payload_id& id) {
   return writer(relay_frame::ack).u8(static_cast<std::uint8_t>(what)).id(id).done();
 }
 
-inline frame_ptr nack_frame(relay_subject what, const payload_id& id, std::string_view reason) {
+DCR_NETWORK_INLINE frame_ptr nack_frame(relay_subject what, const payload_id& id, std::string_view reason) {
   return writer(relay_frame::nack, 64 + reason.size())
       .u8(static_cast<std::uint8_t>(what))
       .id(id)
@@ -638,21 +640,21 @@ inline frame_ptr nack_frame(relay_subject what, const payload_id& id, std::strin
       .done();
 }
 
-inline frame_ptr attempt_frame(const attempt_key& key, std::span<const std::string> receivers) {
+DCR_NETWORK_INLINE frame_ptr attempt_frame(const attempt_key& key, std::span<const std::string> receivers) {
   writer w(relay_frame::attempt);
   w.key(key).u32(static_cast<std::uint32_t>(receivers.size()));
   for (const auto& r : receivers) w.str(r);
   return w.done();
 }
 
-inline frame_ptr receivers_frame(std::span<const std::string> names) {
+DCR_NETWORK_INLINE frame_ptr receivers_frame(std::span<const std::string> names) {
   writer w(relay_frame::receivers);
   w.u32(static_cast<std::uint32_t>(names.size()));
   for (const auto& n : names) w.str(n);
   return w.done();
 }
 
-inline frame_ptr manifest_frame(const attempt_key& key, std::uint32_t owner,
+DCR_NETWORK_INLINE frame_ptr manifest_frame(const attempt_key& key, std::uint32_t owner,
                                 std::span<const payload_id> ids) {
   writer w(relay_frame::manifest, 24 + 4 * ids.size());
   w.key(key).u32(owner).u32(static_cast<std::uint32_t>(ids.size()));
@@ -660,7 +662,7 @@ inline frame_ptr manifest_frame(const attempt_key& key, std::uint32_t owner,
   return w.done();
 }
 
-inline frame_ptr chunk_frame(const payload_id& id, std::uint64_t total, std::uint64_t offset,
+DCR_NETWORK_INLINE frame_ptr chunk_frame(const payload_id& id, std::uint64_t total, std::uint64_t offset,
                              std::span<const std::byte> data) {
   return writer(relay_frame::chunk, 48 + data.size())
       .id(id)
@@ -670,7 +672,7 @@ inline frame_ptr chunk_frame(const payload_id& id, std::uint64_t total, std::uin
       .done();
 }
 
-inline chunk_view parse_chunk(std::span<const std::byte> body) {
+DCR_NETWORK_INLINE chunk_view parse_chunk(std::span<const std::byte> body) {
   reader r(body, relay_frame::chunk);
   chunk_view c;
   c.id = r.id();
@@ -687,20 +689,20 @@ inline chunk_view parse_chunk(std::span<const std::byte> body) {
 
 namespace dcr::relay_detail {
 
-inline std::string remote_text(const tcp::socket& s) {
+DCR_NETWORK_INLINE std::string remote_text(const tcp::socket& s) {
   asio::error_code ec;
   const auto ep = s.remote_endpoint(ec);
   if (ec) return "unknown peer";
   return ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
-inline std::string verify_failure(tls_stream& s) {
+DCR_NETWORK_INLINE std::string verify_failure(tls_stream& s) {
   const long r = SSL_get_verify_result(s.native_handle());
   if (r == X509_V_OK) return {};
   return X509_verify_cert_error_string(r);
 }
 
-inline std::string peer_common_name(tls_stream& s) {
+DCR_NETWORK_INLINE std::string peer_common_name(tls_stream& s) {
   X509* cert = SSL_get1_peer_certificate(s.native_handle());
   if (cert == nullptr) return {};
   char buf[256] = {};
@@ -709,7 +711,7 @@ inline std::string peer_common_name(tls_stream& s) {
   return buf;
 }
 
-inline std::optional<relay_role> peer_certificate_role(tls_stream& s, std::string& problem) {
+DCR_NETWORK_INLINE std::optional<relay_role> peer_certificate_role(tls_stream& s, std::string& problem) {
   std::unique_ptr<X509, decltype(&X509_free)> cert(SSL_get1_peer_certificate(s.native_handle()),
                                                    &X509_free);
   if (!cert) {
@@ -740,7 +742,7 @@ inline std::optional<relay_role> peer_certificate_role(tls_stream& s, std::strin
   return role;
 }
 
-inline void expect_server_name(tls_stream& s, const std::string& host) {
+DCR_NETWORK_INLINE void expect_server_name(tls_stream& s, const std::string& host) {
   SSL* ssl = s.native_handle();
   X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
   asio::error_code ec;
@@ -756,7 +758,7 @@ inline void expect_server_name(tls_stream& s, const std::string& host) {
   SSL_set_tlsext_host_name(ssl, host.c_str());
 }
 
-inline asio::ssl::context make_context(const relay_tls& tls, bool server) {
+DCR_NETWORK_INLINE asio::ssl::context make_context(const relay_tls& tls, bool server) {
   asio::ssl::context ctx(server ? asio::ssl::context::tls_server : asio::ssl::context::tls_client);
   SSL_CTX_set_min_proto_version(ctx.native_handle(), TLS1_2_VERSION);
   ctx.set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_compression);
@@ -787,3 +789,5 @@ inline asio::ssl::context make_context(const relay_tls& tls, bool server) {
 }
 
 }  // namespace dcr::relay_detail
+
+#endif  // DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)

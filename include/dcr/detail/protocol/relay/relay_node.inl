@@ -2,9 +2,11 @@
 // end).
 #pragma once
 
+#if DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)
+
 namespace dcr {
 
-inline relay_node::relay_node(relay_node_options options)
+DCR_NETWORK_INLINE relay_node::relay_node(relay_node_options options)
     : options_(std::move(options)), ctx_(relay_detail::make_context(options_.tls, true)) {
   relay_hello mine{relay_role::node, options_.window_bytes, options_.name};
   listener_ = std::make_unique<relay_detail::listener>(
@@ -16,7 +18,7 @@ inline relay_node::relay_node(relay_node_options options)
   io_.call([this] { listener_->start(); });
 }
 
-inline relay_node::~relay_node() {
+DCR_NETWORK_INLINE relay_node::~relay_node() {
   io_.stop([this] {
     listener_->close();
     for (auto& c : conns_)
@@ -25,22 +27,22 @@ inline relay_node::~relay_node() {
   });
 }
 
-inline relay_node_stats relay_node::stats() const {
+DCR_NETWORK_INLINE relay_node_stats relay_node::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
 }
 
-inline std::vector<std::string> relay_node::refusals() const {
+DCR_NETWORK_INLINE std::vector<std::string> relay_node::refusals() const {
   std::lock_guard lock(mutex_);
   return {refusals_.begin(), refusals_.end()};
 }
 
-inline std::size_t relay_node::roots_connected() const {
+DCR_NETWORK_INLINE std::size_t relay_node::roots_connected() const {
   std::lock_guard lock(mutex_);
   return live_roots_;
 }
 
-inline void relay_node::refused(const std::string& why) {
+DCR_NETWORK_INLINE void relay_node::refused(const std::string& why) {
   {
     std::lock_guard lock(mutex_);
     ++stats_.refusals;
@@ -50,7 +52,7 @@ inline void relay_node::refused(const std::string& why) {
   if (options_.log) options_.log(why);
 }
 
-inline void relay_node::on_root(std::shared_ptr<relay_link> link) {
+DCR_NETWORK_INLINE void relay_node::on_root(std::shared_ptr<relay_link> link) {
   auto c = std::make_shared<root_conn>();
   c->link = link;
   c->peer = link->peer();
@@ -64,7 +66,7 @@ inline void relay_node::on_root(std::shared_ptr<relay_link> link) {
   link->send(relay_wire::receivers_frame(attached_names()));
 }
 
-inline void relay_node::on_lost(const std::shared_ptr<root_conn>& c, const std::string& why) {
+DCR_NETWORK_INLINE void relay_node::on_lost(const std::shared_ptr<root_conn>& c, const std::string& why) {
   std::erase(conns_, c);
   c->link.reset();
   {
@@ -95,7 +97,7 @@ inline void relay_node::on_lost(const std::shared_ptr<root_conn>& c, const std::
     options_.log(options_.name + " " + endpoint_.text() + ": root " + c->peer + " lost: " + why);
 }
 
-inline void relay_node::on_frame(const std::shared_ptr<root_conn>& c, relay_frame type,
+DCR_NETWORK_INLINE void relay_node::on_frame(const std::shared_ptr<root_conn>& c, relay_frame type,
                                  const relay_wire::frame_ptr& frame) {
   const std::span<const std::byte> body(frame->data() + relay_wire::header_bytes,
                                         frame->size() - relay_wire::header_bytes);
@@ -160,7 +162,7 @@ inline void relay_node::on_frame(const std::shared_ptr<root_conn>& c, relay_fram
     if (conn->link) conn->link->send(f);
 }
 
-inline void relay_node::announce(const attempt_key& key, std::vector<std::string> required,
+DCR_NETWORK_INLINE void relay_node::announce(const attempt_key& key, std::vector<std::string> required,
                                  outbox& out) {
   if (current_ && !relay_wire::later_attempt(key, *current_)) return;  // the same, or older
   // A later attempt: whatever the node holds of the current one is obsolete.
@@ -189,7 +191,7 @@ inline void relay_node::announce(const attempt_key& key, std::vector<std::string
   gone_.clear();
 }
 
-inline void relay_node::receive(const std::shared_ptr<root_conn>& c,
+DCR_NETWORK_INLINE void relay_node::receive(const std::shared_ptr<root_conn>& c,
                                 const relay_wire::frame_ptr& frame,
                                 const relay_wire::chunk_view& chunk, outbox& out) {
   if (chunk.offset == 0 && !c->discarding.contains(chunk.id) && !held_.contains(chunk.id)) {
@@ -258,16 +260,16 @@ inline void relay_node::receive(const std::shared_ptr<root_conn>& c,
   if (h.pending.empty()) release(it, out);
 }
 
-inline void relay_node::note_failure(held_payload& h, const std::string& why) {
+DCR_NETWORK_INLINE void relay_node::note_failure(held_payload& h, const std::string& why) {
   if (h.failure.empty()) h.failure = why;
 }
 
-inline void relay_node::release_bytes(held_payload& h) {
+DCR_NETWORK_INLINE void relay_node::release_bytes(held_payload& h) {
   if (!h.bytes) return;
   stats_.held_bytes -= h.bytes.size;
 }
 
-inline void relay_node::release(std::map<payload_id, held_payload>::iterator it, outbox& out) {
+DCR_NETWORK_INLINE void relay_node::release(std::map<payload_id, held_payload>::iterator it, outbox& out) {
   auto& h = it->second;
   const payload_id id = it->first;
   const std::uint64_t size = h.bytes.size;
@@ -294,7 +296,7 @@ inline void relay_node::release(std::map<payload_id, held_payload>::iterator it,
   answer_manifests(out);
 }
 
-inline void relay_node::answer_manifests(outbox& out) {
+DCR_NETWORK_INLINE void relay_node::answer_manifests(outbox& out) {
   for (auto& [owner, m] : manifests_) {
     if (m.answered) continue;
     std::string failure;
@@ -316,7 +318,7 @@ inline void relay_node::answer_manifests(outbox& out) {
   }
 }
 
-inline void relay_node::post(outbox out) {
+DCR_NETWORK_INLINE void relay_node::post(outbox out) {
   if (out.empty()) return;
   asio::post(io_.io(), [out = std::move(out)] {
     for (auto& [conn, f] : out)
@@ -324,14 +326,14 @@ inline void relay_node::post(outbox out) {
   });
 }
 
-inline std::vector<std::string> relay_node::attached_names() {
+DCR_NETWORK_INLINE std::vector<std::string> relay_node::attached_names() {
   std::lock_guard lock(mutex_);
   std::vector<std::string> names;
   for (const auto& [name, s] : sources_) names.push_back(name);
   return names;
 }
 
-inline void relay_node::broadcast_receivers() {
+DCR_NETWORK_INLINE void relay_node::broadcast_receivers() {
   asio::post(io_.io(), [this] {
     const auto frame = relay_wire::receivers_frame(attached_names());
     for (auto& c : conns_)
@@ -339,7 +341,7 @@ inline void relay_node::broadcast_receivers() {
   });
 }
 
-inline void relay_node::attach(source_state* s) {
+DCR_NETWORK_INLINE void relay_node::attach(source_state* s) {
   {
     std::lock_guard lock(mutex_);
     DCR_EXPECTS(!sources_.contains(s->name), errc::invalid_argument,
@@ -351,7 +353,7 @@ inline void relay_node::attach(source_state* s) {
   broadcast_receivers();
 }
 
-inline void relay_node::detach(source_state* s) {
+DCR_NETWORK_INLINE void relay_node::detach(source_state* s) {
   outbox out;
   {
     std::lock_guard lock(mutex_);
@@ -367,7 +369,7 @@ inline void relay_node::detach(source_state* s) {
   broadcast_receivers();
 }
 
-inline void relay_node::give_up(const std::string& name, const std::string& why, outbox& out) {
+DCR_NETWORK_INLINE void relay_node::give_up(const std::string& name, const std::string& why, outbox& out) {
   for (auto it = held_.begin(); it != held_.end();) {
     auto next = std::next(it);
     if (it->second.complete && it->second.pending.erase(name) > 0) {
@@ -378,7 +380,7 @@ inline void relay_node::give_up(const std::string& name, const std::string& why,
   }
 }
 
-inline void relay_node::open(source_state& s, const attempt_key& key,
+DCR_NETWORK_INLINE void relay_node::open(source_state& s, const attempt_key& key,
                              std::span<const std::uint32_t> owners) {
   std::lock_guard lock(mutex_);
   s.opened = key;
@@ -389,7 +391,7 @@ inline void relay_node::open(source_state& s, const attempt_key& key,
   s.closed.reset();
 }
 
-inline void relay_node::close(source_state& s, const attempt_key& key) {
+DCR_NETWORK_INLINE void relay_node::close(source_state& s, const attempt_key& key) {
   outbox out;
   {
     std::lock_guard lock(mutex_);
@@ -403,7 +405,7 @@ inline void relay_node::close(source_state& s, const attempt_key& key) {
   post(std::move(out));
 }
 
-inline source_status relay_node::next(source_state& s, delivery& out,
+DCR_NETWORK_INLINE source_status relay_node::next(source_state& s, delivery& out,
                                       protocol_clock::time_point deadline) {
   std::unique_lock lock(mutex_);
   for (;;) {
@@ -442,7 +444,7 @@ inline source_status relay_node::next(source_state& s, delivery& out,
   }
 }
 
-inline bool relay_node::complete_for(const source_state& s) const {
+DCR_NETWORK_INLINE bool relay_node::complete_for(const source_state& s) const {
   for (auto owner : s.owners) {
     auto m = manifests_.find(owner);
     if (m == manifests_.end()) return false;
@@ -452,13 +454,13 @@ inline bool relay_node::complete_for(const source_state& s) const {
   return true;
 }
 
-inline relay_node::payload_bytes relay_node::cached(const payload_id& id) const {
+DCR_NETWORK_INLINE relay_node::payload_bytes relay_node::cached(const payload_id& id) const {
   for (const auto& [cid, bytes] : cache_)
     if (cid == id) return bytes;
   return {};
 }
 
-inline bool relay_node::refetch(const payload_id& id, std::vector<std::byte>& bytes) {
+DCR_NETWORK_INLINE bool relay_node::refetch(const payload_id& id, std::vector<std::byte>& bytes) {
   payload_bytes held;
   {
     std::lock_guard lock(mutex_);
@@ -473,3 +475,5 @@ inline bool relay_node::refetch(const payload_id& id, std::vector<std::byte>& by
 }
 
 }  // namespace dcr
+
+#endif  // DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)

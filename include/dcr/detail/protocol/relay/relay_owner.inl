@@ -2,9 +2,11 @@
 // end).
 #pragma once
 
+#if DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)
+
 namespace dcr {
 
-inline relay_owner_store::relay_owner_store(relay_owner_options options)
+DCR_NETWORK_INLINE relay_owner_store::relay_owner_store(relay_owner_options options)
     : options_(std::move(options)), ctx_(relay_detail::make_context(options_.tls, false)) {
   DCR_EXPECTS(!options_.roots.empty(), errc::invalid_argument,
               options_.name + ": no relay roots given");
@@ -16,7 +18,7 @@ inline relay_owner_store::relay_owner_store(relay_owner_options options)
   stats_.bytes_sent.assign(roots_.size(), 0);
 }
 
-inline relay_owner_store::~relay_owner_store() {
+DCR_NETWORK_INLINE relay_owner_store::~relay_owner_store() {
   io_.stop([this] {
     std::lock_guard lock(mutex_);
     for (auto& r : roots_) {
@@ -26,11 +28,11 @@ inline relay_owner_store::~relay_owner_store() {
   });
 }
 
-inline std::size_t relay_owner_store::root_of(const payload_id& id, std::size_t roots) noexcept {
+DCR_NETWORK_INLINE std::size_t relay_owner_store::root_of(const payload_id& id, std::size_t roots) noexcept {
   return (static_cast<std::size_t>(id.owner) + id.sequence) % roots;
 }
 
-inline void relay_owner_store::open_attempt(const attempt_key& key,
+DCR_NETWORK_INLINE void relay_owner_store::open_attempt(const attempt_key& key,
                                             std::span<const std::string> receivers,
                                             protocol_clock::time_point deadline) {
   std::unique_lock lock(mutex_);
@@ -57,7 +59,7 @@ inline void relay_owner_store::open_attempt(const attempt_key& key,
        });
 }
 
-inline void relay_owner_store::put(const payload_id& id, std::span<const std::byte> bytes) {
+DCR_NETWORK_INLINE void relay_owner_store::put(const payload_id& id, std::span<const std::byte> bytes) {
   std::unique_lock lock(mutex_);
   DCR_EXPECTS(key_ && id.attempt == *key_, errc::not_ready,
               options_.name + ": put of a " + relay_wire::describe(id) +
@@ -89,7 +91,7 @@ inline void relay_owner_store::put(const payload_id& id, std::span<const std::by
   ++stats_.payloads;
 }
 
-inline void relay_owner_store::put_manifest(const attempt_key& key, std::uint32_t owner,
+DCR_NETWORK_INLINE void relay_owner_store::put_manifest(const attempt_key& key, std::uint32_t owner,
                                             std::span<const payload_id> ids) {
   std::unique_lock lock(mutex_);
   DCR_EXPECTS(
@@ -118,21 +120,21 @@ inline void relay_owner_store::put_manifest(const attempt_key& key, std::uint32_
        });
 }
 
-inline relay_owner_stats relay_owner_store::stats() const {
+DCR_NETWORK_INLINE relay_owner_stats relay_owner_store::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
 }
 
-inline void relay_owner_store::throw_if_failed() const {
+DCR_NETWORK_INLINE void relay_owner_store::throw_if_failed() const {
   DCR_EXPECTS(failure_.empty(), errc::transport_failure, options_.name + ": " + failure_);
 }
 
-inline void relay_owner_store::throw_if_lost(const root_state& r) const {
+DCR_NETWORK_INLINE void relay_owner_store::throw_if_lost(const root_state& r) const {
   DCR_EXPECTS(r.alive, errc::transport_failure,
               options_.name + ": root " + r.at.text() + " lost: " + r.error);
 }
 
-inline void relay_owner_store::connect(std::size_t r, std::unique_lock<std::mutex>& lock) {
+DCR_NETWORK_INLINE void relay_owner_store::connect(std::size_t r, std::unique_lock<std::mutex>& lock) {
   auto& root = roots_[r];
   if (root.alive) return;
   const auto attempt_left = deadline_ - protocol_clock::now();
@@ -179,7 +181,7 @@ inline void relay_owner_store::connect(std::size_t r, std::unique_lock<std::mute
   }
 }
 
-inline void relay_owner_store::attach(std::size_t r, std::shared_ptr<relay_link> link,
+DCR_NETWORK_INLINE void relay_owner_store::attach(std::size_t r, std::shared_ptr<relay_link> link,
                                       std::unique_lock<std::mutex>& lock) {
   auto& root = roots_[r];
   root.link = link;
@@ -199,7 +201,7 @@ inline void relay_owner_store::attach(std::size_t r, std::shared_ptr<relay_link>
   lock.lock();
 }
 
-inline void relay_owner_store::send(std::size_t r, relay_wire::frame_ptr frame,
+DCR_NETWORK_INLINE void relay_owner_store::send(std::size_t r, relay_wire::frame_ptr frame,
                                     std::unique_lock<std::mutex>& lock) {
   auto link = roots_[r].link;
   stats_.bytes_sent[r] += frame->size();
@@ -215,7 +217,7 @@ inline void relay_owner_store::send(std::size_t r, relay_wire::frame_ptr frame,
   lock.lock();
 }
 
-inline void relay_owner_store::on_lost(std::size_t r, const std::weak_ptr<relay_link>& weak,
+DCR_NETWORK_INLINE void relay_owner_store::on_lost(std::size_t r, const std::weak_ptr<relay_link>& weak,
                                        const std::string& why) {
   {
     std::lock_guard lock(mutex_);
@@ -232,7 +234,7 @@ inline void relay_owner_store::on_lost(std::size_t r, const std::weak_ptr<relay_
   wake_.notify_all();
 }
 
-inline void relay_owner_store::on_frame(std::size_t r, const std::weak_ptr<relay_link>& weak,
+DCR_NETWORK_INLINE void relay_owner_store::on_frame(std::size_t r, const std::weak_ptr<relay_link>& weak,
                                         relay_frame type, const relay_wire::frame_ptr& frame) {
   const std::span<const std::byte> body(frame->data() + relay_wire::header_bytes,
                                         frame->size() - relay_wire::header_bytes);
@@ -281,3 +283,5 @@ inline void relay_owner_store::on_frame(std::size_t r, const std::weak_ptr<relay
 }
 
 }  // namespace dcr
+
+#endif  // DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)

@@ -2,9 +2,11 @@
 // end).
 #pragma once
 
+#if DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)
+
 namespace dcr {
 
-inline relay_root::relay_root(relay_root_options options)
+DCR_NETWORK_INLINE relay_root::relay_root(relay_root_options options)
     : options_(std::move(options)),
       server_ctx_(relay_detail::make_context(options_.tls, true)),
       client_ctx_(relay_detail::make_context(options_.tls, false)) {
@@ -25,7 +27,7 @@ inline relay_root::relay_root(relay_root_options options)
   });
 }
 
-inline relay_root::~relay_root() {
+DCR_NETWORK_INLINE relay_root::~relay_root() {
   io_.stop([this] {
     stopping_ = true;
     listener_->close();
@@ -42,7 +44,7 @@ inline relay_root::~relay_root() {
   });
 }
 
-inline relay_root_stats relay_root::stats() {
+DCR_NETWORK_INLINE relay_root_stats relay_root::stats() {
   return io_.call([this] {
     auto s = stats_;
     s.nodes_connected = static_cast<std::size_t>(
@@ -54,22 +56,22 @@ inline relay_root_stats relay_root::stats() {
   });
 }
 
-inline std::vector<std::string> relay_root::refusals() {
+DCR_NETWORK_INLINE std::vector<std::string> relay_root::refusals() {
   return io_.call([this] { return std::vector<std::string>(refusals_.begin(), refusals_.end()); });
 }
 
-inline void relay_root::log(const std::string& what) {
+DCR_NETWORK_INLINE void relay_root::log(const std::string& what) {
   if (options_.log) options_.log(what);
 }
 
-inline void relay_root::refused(const std::string& why) {
+DCR_NETWORK_INLINE void relay_root::refused(const std::string& why) {
   ++stats_.refusals;
   refusals_.push_back(why);
   if (refusals_.size() > 64) refusals_.pop_front();
   log(why);
 }
 
-inline void relay_root::dial(std::size_t k) {
+DCR_NETWORK_INLINE void relay_root::dial(std::size_t k) {
   if (stopping_) return;
   auto& n = *nodes_[k];
   relay_hello mine{relay_role::root, 0, where_};
@@ -99,7 +101,7 @@ inline void relay_root::dial(std::size_t k) {
   e->dial(n.at, "node", relay_role::node);
 }
 
-inline void relay_root::on_node_lost(std::size_t k, const std::shared_ptr<relay_link>& link,
+DCR_NETWORK_INLINE void relay_root::on_node_lost(std::size_t k, const std::shared_ptr<relay_link>& link,
                                      const std::string& why) {
   auto& n = *nodes_[k];
   if (n.link != link) return;
@@ -121,7 +123,7 @@ inline void relay_root::on_node_lost(std::size_t k, const std::shared_ptr<relay_
   }
 }
 
-inline void relay_root::on_node_frame(std::size_t k, relay_frame type, const frame_ptr& frame) {
+DCR_NETWORK_INLINE void relay_root::on_node_frame(std::size_t k, relay_frame type, const frame_ptr& frame) {
   auto& n = *nodes_[k];
   const std::span<const std::byte> body(frame->data() + relay_wire::header_bytes,
                                         frame->size() - relay_wire::header_bytes);
@@ -176,19 +178,19 @@ inline void relay_root::on_node_frame(std::size_t k, relay_frame type, const fra
   }
 }
 
-inline void relay_root::heard(answer& a, std::size_t k, const std::string& why) {
+DCR_NETWORK_INLINE void relay_root::heard(answer& a, std::size_t k, const std::string& why) {
   if (a.nodes.erase(k) == 0) return;
   if (!why.empty() && a.failure.empty()) a.failure = "node " + nodes_[k]->at.text() + ": " + why;
 }
 
-inline void relay_root::answer_owner(const answer& a, relay_subject what, const payload_id& id) {
+DCR_NETWORK_INLINE void relay_root::answer_owner(const answer& a, relay_subject what, const payload_id& id) {
   auto o = a.owner.lock();
   if (!o || !o->link) return;
   o->link->send(a.failure.empty() ? relay_wire::ack_frame(what, id)
                                   : relay_wire::nack_frame(what, id, where_ + ": " + a.failure));
 }
 
-inline void relay_root::break_attempt(const std::string& why, std::size_t lost) {
+DCR_NETWORK_INLINE void relay_root::break_attempt(const std::string& why, std::size_t lost) {
   auto& a = *current_;
   if (a.broken.empty()) a.broken = why;
   for (auto& [id, ans] : a.payloads) {
@@ -208,7 +210,7 @@ inline void relay_root::break_attempt(const std::string& why, std::size_t lost) 
   fifo_.clear();
 }
 
-inline void relay_root::on_owner(std::shared_ptr<relay_link> link) {
+DCR_NETWORK_INLINE void relay_root::on_owner(std::shared_ptr<relay_link> link) {
   auto o = std::make_shared<owner_state>();
   o->link = link;
   owners_.push_back(o);
@@ -222,7 +224,7 @@ inline void relay_root::on_owner(std::shared_ptr<relay_link> link) {
       });
 }
 
-inline void relay_root::on_owner_lost(const std::shared_ptr<owner_state>& o,
+DCR_NETWORK_INLINE void relay_root::on_owner_lost(const std::shared_ptr<owner_state>& o,
                                       const std::string& why) {
   std::erase(owners_, o);
   o->link.reset();
@@ -248,7 +250,7 @@ inline void relay_root::on_owner_lost(const std::shared_ptr<owner_state>& o,
   reserve();
 }
 
-inline void relay_root::on_owner_frame(const std::shared_ptr<owner_state>& o, relay_frame type,
+DCR_NETWORK_INLINE void relay_root::on_owner_frame(const std::shared_ptr<owner_state>& o, relay_frame type,
                                        const frame_ptr& frame) {
   const std::span<const std::byte> body(frame->data() + relay_wire::header_bytes,
                                         frame->size() - relay_wire::header_bytes);
@@ -299,12 +301,12 @@ inline void relay_root::on_owner_frame(const std::shared_ptr<owner_state>& o, re
   }
 }
 
-inline bool relay_root::accepting(const owner_state& o, const attempt_key& key) const {
+DCR_NETWORK_INLINE bool relay_root::accepting(const owner_state& o, const attempt_key& key) const {
   return current_ && current_->key == key && current_->ready && o.ready_for == key &&
          current_->broken.empty();
 }
 
-inline std::string relay_root::not_accepting(const owner_state& o, const attempt_key& key) const {
+DCR_NETWORK_INLINE std::string relay_root::not_accepting(const owner_state& o, const attempt_key& key) const {
   if (!current_ || current_->key != key)
     return relay_wire::describe(key) + " is not the current attempt here";
   if (!current_->broken.empty()) return current_->broken;
@@ -312,7 +314,7 @@ inline std::string relay_root::not_accepting(const owner_state& o, const attempt
   return relay_wire::describe(key) + " was not announced as ready to this owner";
 }
 
-inline void relay_root::announced(const std::shared_ptr<owner_state>& o, const attempt_key& key,
+DCR_NETWORK_INLINE void relay_root::announced(const std::shared_ptr<owner_state>& o, const attempt_key& key,
                                   std::set<std::string> required) {
   const payload_id aid{key, 0, 0};
   if (current_ && key != current_->key && !relay_wire::later_attempt(key, current_->key)) {
@@ -337,7 +339,7 @@ inline void relay_root::announced(const std::shared_ptr<owner_state>& o, const a
   if (o->awaiting_ready) arm_ready_timer();
 }
 
-inline void relay_root::arm_ready_timer() {
+DCR_NETWORK_INLINE void relay_root::arm_ready_timer() {
   if (!ready_timer_) ready_timer_ = std::make_unique<asio::steady_timer>(io_.io());
   const auto generation = ++ready_generation_;
   ready_timer_->expires_after(options_.ready_timeout);
@@ -353,7 +355,7 @@ inline void relay_root::arm_ready_timer() {
   });
 }
 
-inline std::string relay_root::unreachable_receivers() const {
+DCR_NETWORK_INLINE std::string relay_root::unreachable_receivers() const {
   std::string missing, nodes;
   for (const auto& name : current_->required)
     if (!std::any_of(nodes_.begin(), nodes_.end(),
@@ -374,7 +376,7 @@ inline std::string relay_root::unreachable_receivers() const {
          std::to_string(options_.ready_timeout.count()) + " ms (nodes: " + nodes + ")";
 }
 
-inline void relay_root::check_ready() {
+DCR_NETWORK_INLINE void relay_root::check_ready() {
   if (!current_) return;
   auto& a = *current_;
   if (!a.ready) {
@@ -404,7 +406,7 @@ inline void relay_root::check_ready() {
     }
 }
 
-inline void relay_root::on_chunk(const std::shared_ptr<owner_state>& o, const frame_ptr& frame,
+DCR_NETWORK_INLINE void relay_root::on_chunk(const std::shared_ptr<owner_state>& o, const frame_ptr& frame,
                                  const relay_wire::chunk_view& c) {
   const std::uint64_t bytes = c.data.size();
   // The window it advertised in its hello is enforced, not just advertised.
@@ -473,7 +475,7 @@ inline void relay_root::on_chunk(const std::shared_ptr<owner_state>& o, const fr
   }
 }
 
-inline void relay_root::forward(inflight& p, const frame_ptr& frame) {
+DCR_NETWORK_INLINE void relay_root::forward(inflight& p, const frame_ptr& frame) {
   const auto bytes = frame->size() - relay_wire::chunk_overhead;
   for (auto k : p.targets)
     if (nodes_[k]->link) {
@@ -486,13 +488,13 @@ inline void relay_root::forward(inflight& p, const frame_ptr& frame) {
   }
 }
 
-inline void relay_root::credit(owner_state& o, std::uint64_t bytes) {
+DCR_NETWORK_INLINE void relay_root::credit(owner_state& o, std::uint64_t bytes) {
   if (bytes == 0) return;
   o.held -= std::min(bytes, o.held);
   if (o.link) o.link->send(relay_wire::credit_frame(bytes));
 }
 
-inline void relay_root::drop(inflight& p, const std::string& why) {
+DCR_NETWORK_INLINE void relay_root::drop(inflight& p, const std::string& why) {
   if (p.dropped) return;
   p.dropped = true;
   auto o = p.owner.lock();
@@ -506,7 +508,7 @@ inline void relay_root::drop(inflight& p, const std::string& why) {
   if (current_) current_->payloads.erase(p.id);
 }
 
-inline void relay_root::reserve() {
+DCR_NETWORK_INLINE void relay_root::reserve() {
   while (!fifo_.empty()) {
     auto p = fifo_.front();
     if (p->dropped) {
@@ -533,3 +535,5 @@ inline void relay_root::reserve() {
 }
 
 }  // namespace dcr
+
+#endif  // DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)

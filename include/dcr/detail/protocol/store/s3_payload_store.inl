@@ -2,14 +2,16 @@
 // (included at its end).
 #pragma once
 
+#if DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)
+
 namespace dcr {
 
-inline void s3_payload_store::check_access() const {
+DCR_NETWORK_INLINE void s3_payload_store::check_access() const {
   auto q = list_query(options_.prefix, "", 1);
   list_page(q, options_.prefix);
 }
 
-inline void s3_payload_store::put(const payload_id& id, std::span<const std::byte> bytes) {
+DCR_NETWORK_INLINE void s3_payload_store::put(const payload_id& id, std::span<const std::byte> bytes) {
   const std::string key = payload_key(id);
   if (!options_.conditional_writes && exists(key)) return require_equal(key, bytes);
   const bool created = bytes.size() > options_.multipart_threshold ? put_multipart(key, bytes)
@@ -19,7 +21,7 @@ inline void s3_payload_store::put(const payload_id& id, std::span<const std::byt
   stats_.bytes_put += bytes.size();
 }
 
-inline void s3_payload_store::put_manifest(const attempt_key& key, std::uint32_t owner,
+DCR_NETWORK_INLINE void s3_payload_store::put_manifest(const attempt_key& key, std::uint32_t owner,
                                            std::span<const payload_id> ids) {
   const std::string object = owner_prefix(key, owner) + "manifest";
   std::map<std::uint32_t, std::uint64_t> present;  // sequence -> the object's size
@@ -41,7 +43,7 @@ inline void s3_payload_store::put_manifest(const attempt_key& key, std::uint32_t
   client_.call(put_request(object, std::as_bytes(std::span(text)), false));
 }
 
-inline std::vector<owner_listing> s3_payload_store::list(const attempt_key& key) const {
+DCR_NETWORK_INLINE std::vector<owner_listing> s3_payload_store::list(const attempt_key& key) const {
   const std::string prefix = attempt_prefix(key);
   std::map<std::uint32_t, owner_listing> by_owner;
   std::map<std::uint32_t, std::string> manifest_etags;
@@ -66,7 +68,7 @@ inline std::vector<owner_listing> s3_payload_store::list(const attempt_key& key)
   return out;
 }
 
-inline get_status s3_payload_store::get(const payload_id& id, std::vector<std::byte>& out,
+DCR_NETWORK_INLINE get_status s3_payload_store::get(const payload_id& id, std::vector<std::byte>& out,
                                         const get_control& control) const {
   detail::s3::request r;
   r.method = "GET";
@@ -85,7 +87,7 @@ inline get_status s3_payload_store::get(const payload_id& id, std::vector<std::b
   return get_status::found;
 }
 
-inline void s3_payload_store::erase_through(std::uint64_t version) {
+DCR_NETWORK_INLINE void s3_payload_store::erase_through(std::uint64_t version) {
   std::vector<std::string> doomed;  // attempt prefixes
   std::string token;
   do {
@@ -113,7 +115,7 @@ inline void s3_payload_store::erase_through(std::uint64_t version) {
                 [&](const auto& kv) { return kv.first.first.target_version <= version; });
 }
 
-inline s3_store_stats s3_payload_store::stats() const {
+DCR_NETWORK_INLINE s3_store_stats s3_payload_store::stats() const {
   s3_store_stats s;
   s.objects_put = stats_.objects_put.load();
   s.bytes_put = stats_.bytes_put.load();
@@ -125,16 +127,16 @@ inline s3_store_stats s3_payload_store::stats() const {
   return s;
 }
 
-inline std::string s3_payload_store::payload_key(const payload_id& id) const {
+DCR_NETWORK_INLINE std::string s3_payload_store::payload_key(const payload_id& id) const {
   return owner_prefix(id.attempt, id.owner) + "p" + std::to_string(id.sequence);
 }
 
-inline std::string s3_payload_store::manifest_key(const attempt_key& key,
+DCR_NETWORK_INLINE std::string s3_payload_store::manifest_key(const attempt_key& key,
                                                   std::uint32_t owner) const {
   return owner_prefix(key, owner) + "manifest";
 }
 
-inline detail::s3::client_config s3_payload_store::config_of(const s3_options& o) {
+DCR_NETWORK_INLINE detail::s3::client_config s3_payload_store::config_of(const s3_options& o) {
   detail::s3::client_config c;
   const auto bad = [&](const std::string& why) -> detail::s3::client_config {
     throw error(errc::invalid_argument, "s3_payload_store: " + why);
@@ -198,16 +200,16 @@ inline detail::s3::client_config s3_payload_store::config_of(const s3_options& o
   return c;
 }
 
-inline std::string s3_payload_store::attempt_prefix(const attempt_key& key) const {
+DCR_NETWORK_INLINE std::string s3_payload_store::attempt_prefix(const attempt_key& key) const {
   return options_.prefix + to_string(key) + "/";
 }
 
-inline std::string s3_payload_store::owner_prefix(const attempt_key& key,
+DCR_NETWORK_INLINE std::string s3_payload_store::owner_prefix(const attempt_key& key,
                                                   std::uint32_t owner) const {
   return attempt_prefix(key) + "o" + std::to_string(owner) + "/";
 }
 
-inline std::optional<s3_payload_store::owner_entry> s3_payload_store::parse_owner_entry(
+DCR_NETWORK_INLINE std::optional<s3_payload_store::owner_entry> s3_payload_store::parse_owner_entry(
     std::string_view rest) {
   const auto owner = detail::take_number(rest, "o", UINT32_MAX);
   if (!owner || !rest.starts_with('/')) return std::nullopt;
@@ -218,12 +220,12 @@ inline std::optional<s3_payload_store::owner_entry> s3_payload_store::parse_owne
   return owner_entry{static_cast<std::uint32_t>(*owner), false, static_cast<std::uint32_t>(*seq)};
 }
 
-inline std::optional<attempt_key> s3_payload_store::attempt_directory(std::string_view rest) {
+DCR_NETWORK_INLINE std::optional<attempt_key> s3_payload_store::attempt_directory(std::string_view rest) {
   if (!rest.ends_with('/')) return std::nullopt;
   return parse_attempt_key(rest.substr(0, rest.size() - 1));
 }
 
-inline detail::s3::request s3_payload_store::put_request(const std::string& key,
+DCR_NETWORK_INLINE detail::s3::request s3_payload_store::put_request(const std::string& key,
                                                          std::span<const std::byte> body,
                                                          bool if_none_match) const {
   detail::s3::request r;
@@ -235,12 +237,12 @@ inline detail::s3::request s3_payload_store::put_request(const std::string& key,
   return r;
 }
 
-inline bool s3_payload_store::put_single(const std::string& key, std::span<const std::byte> bytes) {
+DCR_NETWORK_INLINE bool s3_payload_store::put_single(const std::string& key, std::span<const std::byte> bytes) {
   const auto resp = client_.call(put_request(key, bytes, options_.conditional_writes), {412});
   return resp.status != 412;
 }
 
-inline bool s3_payload_store::put_multipart(const std::string& key,
+DCR_NETWORK_INLINE bool s3_payload_store::put_multipart(const std::string& key,
                                             std::span<const std::byte> bytes) {
   // An existing object is found before any part goes up (a retry after a lost reply).
   if (options_.conditional_writes && exists(key)) return false;
@@ -308,7 +310,7 @@ inline bool s3_payload_store::put_multipart(const std::string& key,
   return true;
 }
 
-inline void s3_payload_store::abort_upload(const std::string& key,
+DCR_NETWORK_INLINE void s3_payload_store::abort_upload(const std::string& key,
                                            const std::string& upload_id) noexcept {
   try {
     detail::s3::request r;
@@ -321,7 +323,7 @@ inline void s3_payload_store::abort_upload(const std::string& key,
   }
 }
 
-inline void s3_payload_store::abort_uploads_through(std::uint64_t version) {
+DCR_NETWORK_INLINE void s3_payload_store::abort_uploads_through(std::uint64_t version) {
   std::string key_marker, upload_marker;
   for (;;) {
     detail::s3::request r;
@@ -356,7 +358,7 @@ inline void s3_payload_store::abort_uploads_through(std::uint64_t version) {
   }
 }
 
-inline bool s3_payload_store::missing(const detail::s3::response& resp,
+DCR_NETWORK_INLINE bool s3_payload_store::missing(const detail::s3::response& resp,
                                       const detail::s3::request& r) const {
   if (resp.status != 404) return false;
   DCR_EXPECTS(resp.error_code != "NoSuchBucket", errc::transport_failure,
@@ -365,14 +367,14 @@ inline bool s3_payload_store::missing(const detail::s3::response& resp,
   return true;
 }
 
-inline bool s3_payload_store::exists(const std::string& key) const {
+DCR_NETWORK_INLINE bool s3_payload_store::exists(const std::string& key) const {
   detail::s3::request r;
   r.method = "HEAD";
   r.key = key;
   return client_.call(r, {404}).status != 404;
 }
 
-inline void s3_payload_store::require_equal(const std::string& key,
+DCR_NETWORK_INLINE void s3_payload_store::require_equal(const std::string& key,
                                             std::span<const std::byte> bytes) const {
   std::vector<std::byte> have;
   detail::s3::request r;
@@ -388,7 +390,7 @@ inline void s3_payload_store::require_equal(const std::string& key,
               "s3_payload_store: " + client_.where(key) + " put again with other bytes");
 }
 
-inline std::vector<std::pair<std::string, std::string>> s3_payload_store::list_query(
+DCR_NETWORK_INLINE std::vector<std::pair<std::string, std::string>> s3_payload_store::list_query(
     const std::string& prefix, const std::string& token, std::size_t max_keys) const {
   std::vector<std::pair<std::string, std::string>> q{
       {"list-type", "2"}, {"prefix", prefix}, {"max-keys", std::to_string(max_keys)}};
@@ -396,7 +398,7 @@ inline std::vector<std::pair<std::string, std::string>> s3_payload_store::list_q
   return q;
 }
 
-inline s3_payload_store::list_result s3_payload_store::list_page(
+DCR_NETWORK_INLINE s3_payload_store::list_result s3_payload_store::list_page(
     const std::vector<std::pair<std::string, std::string>>& query,
     const std::string& prefix) const {
   detail::s3::request r;
@@ -429,7 +431,7 @@ inline s3_payload_store::list_result s3_payload_store::list_page(
   return out;
 }
 
-inline std::vector<s3_payload_store::listed_object> s3_payload_store::list_all(
+DCR_NETWORK_INLINE std::vector<s3_payload_store::listed_object> s3_payload_store::list_all(
     const std::string& prefix) const {
   std::vector<listed_object> out;
   std::string token;
@@ -441,13 +443,13 @@ inline std::vector<s3_payload_store::listed_object> s3_payload_store::list_all(
   return out;
 }
 
-inline std::uint64_t s3_payload_store::object_size(std::string_view text) {
+DCR_NETWORK_INLINE std::uint64_t s3_payload_store::object_size(std::string_view text) {
   const auto size = detail::parse_number(text, "", UINT64_MAX);
   if (!size) throw std::invalid_argument("an object's Size is '" + std::string(text) + "'");
   return *size;
 }
 
-inline std::optional<owner_listing> s3_payload_store::read_manifest(
+DCR_NETWORK_INLINE std::optional<owner_listing> s3_payload_store::read_manifest(
     const attempt_key& key, std::uint32_t owner, const std::string& etag) const {
   const auto cache_key = std::make_pair(key, owner);
   {
@@ -474,7 +476,7 @@ inline std::optional<owner_listing> s3_payload_store::read_manifest(
   return manifest;
 }
 
-inline void s3_payload_store::delete_all(const std::vector<std::string>& keys) {
+DCR_NETWORK_INLINE void s3_payload_store::delete_all(const std::vector<std::string>& keys) {
   std::atomic<std::size_t> next{0};
   std::mutex failure_mutex;
   std::exception_ptr failure;
@@ -500,7 +502,7 @@ inline void s3_payload_store::delete_all(const std::vector<std::string>& keys) {
   if (failure) std::rethrow_exception(failure);
 }
 
-inline s3_credentials s3_credentials::from_environment() {
+DCR_NETWORK_INLINE s3_credentials s3_credentials::from_environment() {
   const auto var = [](const char* name) {
     const char* v = std::getenv(name);
     return v == nullptr ? std::string() : std::string(v);
@@ -534,7 +536,7 @@ inline s3_credentials s3_credentials::from_environment() {
   return from_profile(path, profile);
 }
 
-inline s3_credentials s3_credentials::from_profile(const std::string& path,
+DCR_NETWORK_INLINE s3_credentials s3_credentials::from_profile(const std::string& path,
                                                    const std::string& profile) {
   const std::string where = "S3 credentials: profile '" + profile + "' of '" + path + "'";
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -581,7 +583,7 @@ inline s3_credentials s3_credentials::from_profile(const std::string& path,
   return c;
 }
 
-inline s3_options s3_options::from_environment(std::string_view url, std::string endpoint) {
+DCR_NETWORK_INLINE s3_options s3_options::from_environment(std::string_view url, std::string endpoint) {
   s3_options o;
   const auto loc = parse_s3_url(url);
   o.bucket = loc.bucket;
@@ -594,13 +596,13 @@ inline s3_options s3_options::from_environment(std::string_view url, std::string
   return o;
 }
 
-inline std::string s3_region_from_environment() {
+DCR_NETWORK_INLINE std::string s3_region_from_environment() {
   for (const char* name : {"AWS_REGION", "AWS_DEFAULT_REGION"})
     if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return v;
   return "us-east-1";
 }
 
-inline s3_location parse_s3_url(std::string_view url) {
+DCR_NETWORK_INLINE s3_location parse_s3_url(std::string_view url) {
   const auto bad = [&](const std::string& why) -> s3_location {
     throw error(errc::invalid_argument,
                 "S3 URL '" + std::string(url) + "': " + why + " (expected s3://BUCKET[/PREFIX])");
@@ -637,3 +639,5 @@ inline s3_location parse_s3_url(std::string_view url) {
 }
 
 }  // namespace dcr
+
+#endif  // DCR_HEADER_BODIES_OF(DCR_PART_NETWORK)
