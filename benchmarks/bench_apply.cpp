@@ -18,8 +18,14 @@
 // decoded), and the `payload_bytes` rate counter counts the compressed payload those items
 // make (one payload, default codec options). memcpy_records copies the same record bytes
 // between two buffers in the same run: the baseline the apply rates are compared with.
+// write_floor is the second baseline, the floor of the scattered writes: the same
+// read-modify-writes (an xor of the item's value word) at the same storage addresses in the same
+// order as the compiled path makes them, from an address list built before timing, with no
+// decoding, search or record logic. It runs plain (range(1) == 0: the core overlaps the misses
+// of independent iterations on its own) and with a software prefetch a fixed distance ahead.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -68,6 +74,14 @@ struct bench_rank {
   std::uint64_t records_1 = 0, records_5 = 0, on_rank_1 = 0, on_rank_5 = 0;
   std::uint64_t record_bytes_1 = 0, record_bytes_5 = 0;    // indices + values of the items
   std::uint64_t payload_bytes_1 = 0, payload_bytes_5 = 0;  // the compressed payload of them
+  // write_floor's list: every write of the compiled path, in its order, by storage word width.
+  struct floor_writes {
+    std::vector<std::uint16_t*> at2;
+    std::vector<std::uint16_t> value2;
+    std::vector<std::byte*> at_other;  // other widths (fp32 norms): few, xor of the low byte
+    std::vector<std::byte> value_other;
+    std::uint64_t lines = 0;  // distinct 64-byte storage lines the writes touch
+  } floor_1, floor_5;
 
   bench_rank() {
     std::mt19937_64 rng(1);
@@ -96,6 +110,36 @@ struct bench_rank {
         const auto s = applier.apply(*items, apply_options{p, false});
         (items == &items_1 ? on_rank_1 : on_rank_5) = s.writes;
       }
+    gather_floor(items_1, floor_1);
+    gather_floor(items_5, floor_5);
+  }
+
+  /// The storage address of every write the compiled path makes for `items`, in its order (an
+  /// observer of the same per-record loop; the xor/overwrite it applies once more is untimed).
+  void gather_floor(const std::vector<item>& items, floor_writes& out) {
+    for (const auto& it : items) {
+      if (it.count() == 0 || applier.plan().skips(it.tensor)) continue;
+      dcr::visit_word(it.word_bytes(), [&](auto w) {
+        using W = decltype(w);
+        const W* values = it.template words<W>().data();
+        dcr::apply_item_records<W>(
+            applier.plan().placements_of(it.tensor), it.enc, it.indices, values,
+            [&](const dcr::placement& p, std::size_t k, std::byte* at, auto) {
+              if (p.dst_bytes == 2) {
+                out.at2.push_back(reinterpret_cast<std::uint16_t*>(at));
+                out.value2.push_back(static_cast<std::uint16_t>(values[k]));
+              } else {
+                out.at_other.push_back(at);
+                out.value_other.push_back(static_cast<std::byte>(values[k]));
+              }
+            });
+      });
+    }
+    std::vector<std::uintptr_t> lines;
+    for (auto* a : out.at2) lines.push_back(reinterpret_cast<std::uintptr_t>(a) / 64);
+    for (auto* a : out.at_other) lines.push_back(reinterpret_cast<std::uintptr_t>(a) / 64);
+    std::sort(lines.begin(), lines.end());
+    out.lines = static_cast<std::uint64_t>(std::unique(lines.begin(), lines.end()) - lines.begin());
   }
 
   /// Dense refit of every tensor through the loader (the canonical words are the same buffer
@@ -177,6 +221,35 @@ void memcpy_records(benchmark::State& state) {
   state.SetLabel("bytes = the record bytes of the same items");
 }
 
+// The floor of the compiled path's scattered writes (see the file comment); range(1) is the
+// prefetch distance in writes, 0 for none.
+void write_floor(benchmark::State& state) {
+  auto& r = rank();
+  const bool five = state.range(0) == 5;
+  const auto& f = five ? r.floor_5 : r.floor_1;
+  const auto ahead = static_cast<std::size_t>(state.range(1));
+  const std::size_t n = f.at2.size();
+  for (auto _ : state) {
+    if (ahead == 0) {
+      for (std::size_t i = 0; i < n; ++i) *f.at2[i] ^= f.value2[i];
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (i + ahead < n) __builtin_prefetch(f.at2[i + ahead], 1);
+        *f.at2[i] ^= f.value2[i];
+      }
+    }
+    for (std::size_t i = 0; i < f.at_other.size(); ++i) *f.at_other[i] ^= f.value_other[i];
+    benchmark::ClobberMemory();
+  }
+  const std::uint64_t records = five ? r.records_5 : r.records_1;
+  const std::uint64_t record_bytes = five ? r.record_bytes_5 : r.record_bytes_1;
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * records));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * record_bytes));
+  state.counters["writes"] = static_cast<double>(n + f.at_other.size());
+  state.counters["lines"] = static_cast<double>(f.lines);
+  state.SetLabel("the compiled path's writes alone; items/s and bytes as for the apply paths");
+}
+
 void compiled_path(benchmark::State& state) { apply_items(state, apply_path::compiled); }
 void general_path(benchmark::State& state) { apply_items(state, apply_path::general); }
 
@@ -208,6 +281,8 @@ void prewarm(benchmark::State& state) {
 BENCHMARK(compiled_path)->Arg(1)->Arg(5)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(general_path)->Arg(1)->Arg(5)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(memcpy_records)->Arg(1)->Arg(5)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK(write_floor)->Args({1, 0})->Args({1, 16})->Args({5, 0})->Args({5, 16})
+    ->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(dense_refit)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(prewarm)->Unit(benchmark::kMillisecond)->Iterations(3);
 

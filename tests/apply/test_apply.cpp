@@ -462,6 +462,12 @@ TEST_CASE("malformed items are refused before any write") {
     CHECK(with_bad([](item& it) { std::swap(it.indices.front(), it.indices.back()); }) ==
           errc::invalid_argument);
     CHECK(with_bad([&](item& it) { it.indices.back() = 1u << 30; }) == errc::out_of_range);
+    // Indices at or above 2^63 (the branch-free check's edge: 2^63 + 10 before a small index
+    // wraps to a difference with a clear top bit), first and last.
+    CHECK(with_bad([](item& it) { it.indices.front() = (std::uint64_t{1} << 63) + 10; }) ==
+          errc::invalid_argument);
+    CHECK(with_bad([](item& it) { it.indices.back() = std::uint64_t{1} << 63; }) ==
+          errc::out_of_range);
     // An xor item for a tensor this rank takes as overwrite only (its norm has a cast copy).
     CHECK(with_bad([&](item& it) {
             it = f.changes_of("model.layers.0.input_layernorm.weight", encoding::xor_mask);

@@ -90,6 +90,10 @@ class aligned_scratch {
   std::size_t bytes_ = 0;
 };
 
+/// Whether p[0 .. n) is strictly increasing with every value below 2^63 (a branch-free pass;
+/// false says only that one of the two fails).
+bool increasing_below_2_63(const std::uint64_t* p, std::size_t n) noexcept;
+
 /// Checks every write of an apply against its record (see the file comment). Throws
 /// errc::verification_failed naming the tensor and canonical element of the first mismatch.
 std::uint64_t verify_writes(std::span<const write_record> log);

@@ -9,8 +9,8 @@
 //     cast, dcr/apply/transform.hpp) on a cast record, which only overwrite items reach;
 //   * apply_record<E, T, W, D, Access>(p, canonical index, value): locate + read-modify-write of
 //     one element, constexpr-free but DCR_HOST_DEVICE, what the CUDA apply kernel calls;
-//   * detail::apply_records: the CPU loop over a sorted run of an item's records, batched with
-//     prefetches (scattered writes are bound by cache misses); every CPU apply (compiled
+//   * detail::apply_records: the CPU loop over a sorted run of an item's records, prefetching a
+//     fixed distance ahead (scattered writes are bound by cache misses); every CPU apply (compiled
 //     placement, general-path sink, whole-checkpoint apply, benchmarks) runs through it.
 // Storage words are reached through an access policy: `native_words` (aligned words in host
 // order, the receiver's storage, also on a device) or `little_endian_words` (unaligned
@@ -408,8 +408,8 @@ void prefetch_for_write(const void* p) noexcept;
 /// The CPU loop of the step: applies records [k_begin, k_end) of one item (sorted canonical
 /// indices `active`, values `values`) through record `p`, skipping indices that are not
 /// elements of `p`. Calls observe(p, k, address, word before) after each write. Returns the
-/// writes.
-/// Locates a batch first, prefetching each destination, then read-modify-writes the batch.
+/// writes. Writes go in index order (replicas and repeats keep the dense load's order); a
+/// record that is not the identity locates and prefetches `ahead` records before it writes.
 template <class E, class T, storage_word W, storage_word D, class Access = native_words,
           class Observer = no_write_observer>
   requires step_supported_v<E, T, W, D>
@@ -426,29 +426,30 @@ std::uint64_t apply_records(const placement& p, const std::uint64_t* active, con
     }
     return k_end - k_begin;
   }
-  std::uint64_t writes = 0;
-  constexpr std::size_t batch = 32;
-  std::byte* at[batch];
-  std::size_t ks[batch];
-  for (std::size_t k = k_begin; k < k_end;) {
-    std::size_t n = 0;
-    {
-      for (; k < k_end && n < batch; ++k) {
-        std::int64_t off = 0;
-        if (!p.locate(static_cast<std::int64_t>(active[k]) - p.first, off)) continue;
-        at[n] = p.address(off);
-        ks[n++] = k;
-        prefetch_for_write(at[n - 1]);
-      }
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      const D before = Access::template load<D>(at[i]);
-      Access::template store<D>(at[i], apply_element<E, T, W, D>(before, values[ks[i]]));
-      observe(p, ks[i], at[i], before);
-    }
-    writes += n;
+  // A ring of `ahead` located writes: record k's line is prefetched when it is located and
+  // read-modified-written `ahead` located records later, so about `ahead` misses stay in flight
+  // at every step (a batch that locates 32 and then writes 32 starts each batch with its first
+  // line barely requested; measured in docs/benchmarks.md, "Apply against a memcpy").
+  constexpr std::size_t ahead = 32;  // a power of two
+  std::byte* at[ahead];
+  std::size_t ks[ahead];
+  std::size_t located = 0, written = 0;
+  const auto write = [&](std::size_t slot) {
+    const D before = Access::template load<D>(at[slot]);
+    Access::template store<D>(at[slot], apply_element<E, T, W, D>(before, values[ks[slot]]));
+    observe(p, ks[slot], at[slot], before);
+  };
+  for (std::size_t k = k_begin; k < k_end; ++k) {
+    std::int64_t off = 0;
+    if (!p.locate(static_cast<std::int64_t>(active[k]) - p.first, off)) continue;
+    if (located - written == ahead) write(written++ % ahead);
+    const std::size_t slot = located++ % ahead;
+    at[slot] = p.address(off);
+    ks[slot] = k;
+    prefetch_for_write(at[slot]);
   }
-  return writes;
+  while (written != located) write(written++ % ahead);
+  return located;
 }
 
 }  // namespace detail
