@@ -109,8 +109,8 @@ processes:
   --no-pipeline         owners build every chunk before packing and putting any
   --owner-threads N     threads each owner builds and compresses its payloads on (1 to 64,
                         default 1): every chunk built, then every payload compressed, on N
-                        threads, then put (the same payloads; not with --in-process or
-                        --device cuda)
+                        threads, then put (the pipelined build's payloads, byte for byte; not
+                        with --in-process or --device cuda)
   --verify V            every | last: receivers check every step against a dense refit, or only
                         the last one (benchmarks: no verification overlapping later steps)
   --timeout SECONDS     deadline of every protocol wait (default 300)
