@@ -88,12 +88,13 @@ struct py_owner_agent {
 };
 
 dcr::owner_agent_options owner_options(std::size_t bucket_bytes, std::size_t chunk_bytes, bool pipelined,
-                                       int lease_ttl) {
+                                       int lease_ttl, std::size_t build_threads) {
   dcr::owner_agent_options o;
   o.bucket_bytes = bucket_bytes;
   o.chunk_bytes = chunk_bytes;
   o.pipelined = pipelined;
   o.lease_ttl = std::chrono::seconds(lease_ttl);
+  o.build_threads = build_threads;
   return o;
 }
 
@@ -101,12 +102,15 @@ template <class Plane, class Store>
 void def_owner_agent_init(nb::class_<py_owner_agent>& c) {
   c.def("__init__",
         [](py_owner_agent* self, py_owner& o, Plane& plane, Store& store, std::size_t bucket_bytes,
-           std::size_t chunk_bytes, bool pipelined, int lease_ttl) {
-          new (self) py_owner_agent{&o, std::make_unique<owner_agent_impl<Plane, Store>>(
-                                            o, plane, store, owner_options(bucket_bytes, chunk_bytes, pipelined, lease_ttl))};
+           std::size_t chunk_bytes, bool pipelined, int lease_ttl, std::size_t build_threads) {
+          new (self) py_owner_agent{
+              &o, std::make_unique<owner_agent_impl<Plane, Store>>(
+                      o, plane, store,
+                      owner_options(bucket_bytes, chunk_bytes, pipelined, lease_ttl, build_threads))};
         },
         nb::arg("owner"), nb::arg("plane"), nb::arg("store"), nb::arg("bucket_bytes") = std::size_t{64} << 20,
         nb::arg("chunk_bytes") = std::size_t{64} << 20, nb::arg("pipelined") = true, nb::arg("lease_ttl") = 10,
+        nb::arg("build_threads") = std::size_t{1},
         nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>(), nb::keep_alive<1, 4>());
 }
 

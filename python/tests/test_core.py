@@ -1,8 +1,9 @@
 """The package's contracts in one process: version, errors, registration checks, tensors through
-DLPack, the loader conditions at prewarm, payload validation (nothing written on error), and the
-two apply paths agreeing."""
+DLPack, the loader conditions at prewarm, payload validation (nothing written on error), the
+two apply paths agreeing, and an owner agent on two threads publishing the one-thread payloads."""
 import os
 import re
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -300,3 +301,51 @@ def test_inspect_names_the_changed_tensors_given_the_base(tmp_path):
     save_file({"a": old["a"]}, other)
     with pytest.raises(dcr.RegistryMismatch):
         dcr.inspect(delta, other)
+
+
+def test_owner_agent_on_two_threads_publishes_the_one_thread_payloads():
+    names = [f"w{i}" for i in range(6)]
+    reg = dcr.Registry([(n, "BF16", (64, 64)) for n in names])
+    gen = torch.Generator().manual_seed(3)
+    before = [torch.randn(64, 64, generator=gen).to(torch.bfloat16) for _ in names]
+    after = [t.clone() for t in before]
+    for t in after:
+        t.view(-1)[::7] *= 2
+
+    class Weights(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for n in names:
+                self.register_parameter(n, torch.nn.Parameter(torch.zeros(64, 64, dtype=torch.bfloat16),
+                                                              requires_grad=False))
+
+    reports = {}
+    for threads in (1, 2):
+        plane, store = dcr.MemoryControlPlane(), dcr.MemoryPayloadStore()
+        coordinator = dcr.Coordinator(plane, store, reg, owners=[0])
+        coordinator.initialize(0)
+        model = Weights()
+        rx = dcr.Receiver(reg, model.load_state_dict).prewarm()
+        rx.load(dict(zip(names, before)))
+        receiver = dcr.ReceiverAgent("r0", rx, plane, store)
+        receiver.start(version=0)
+        receiver.start_thread()
+        owner = dcr.Owner(reg, 0, [dcr.AffineTask(reg, n, dcr.replicated([64, 64]), n) for n in names])
+        owner.initialize(before)
+        agent = dcr.OwnerAgent(owner, plane, store, bucket_bytes=2048, chunk_bytes=8192,
+                               build_threads=threads)
+        agent.start(version=0)
+        result = {}
+        t = threading.Thread(target=lambda: result.__setitem__("c", coordinator.run_transition("step 1", timeout=60)))
+        t.start()
+        reports[threads] = agent.serve("step 1", after, timeout=60)
+        t.join()
+        receiver.stop()
+        assert result["c"]["committed"]
+        for n, a in zip(names, after):
+            assert torch.equal(getattr(model, n).view(torch.int16), a.view(torch.int16))
+    keys = ["built", "payloads", "payload_bytes", "records", "manifest_digest", "change_digest"]
+    assert {k: reports[2][k] for k in keys} == {k: reports[1][k] for k in keys}
+    assert reports[1]["payloads"] > 2
+    with pytest.raises(dcr.InvalidArgument, match="build_threads"):
+        dcr.OwnerAgent(owner, dcr.MemoryControlPlane(), dcr.MemoryPayloadStore(), build_threads=0)

@@ -313,6 +313,7 @@ struct cluster_options {
   bool asynchronous = false;
   bool audit_async_gate = false;  ///< record gate violations (close before every payload, ...)
   std::size_t bucket_bytes = 1536, chunk_bytes = 16384;
+  std::size_t owner_build_threads = 1;  ///< owner_agent_options::build_threads
   std::map<int, std::chrono::seconds> receiver_lease;  ///< per rank; default 10 s
   std::chrono::seconds owner_lease{10};
   std::chrono::milliseconds attempt_timeout{30000};
@@ -429,6 +430,13 @@ class cluster {
       }
       for (auto r : s.residual) {
         s.residual_tasks.push_back(trainer_.residual()[r].task);
+        s.residual_tasks.back().convert =
+            [this, convert = s.residual_tasks.back().convert](
+                std::size_t output, std::span<const std::span<const std::byte>> inputs,
+                std::span<std::byte> destination) {
+          if (on_convert) on_convert();
+          convert(output, inputs, destination);
+        };
         for (std::size_t k = 0; k < trainer_.residual()[r].task.inputs.size(); ++k)
           s.inputs.push_back(trainer_.residual_words(r, k));
       }
@@ -771,6 +779,8 @@ class cluster {
   std::function<void(receiver_inc&, const dcr::attempt_record&, std::uint64_t applied)> on_apply;
   std::function<void(owner_inc&, const dcr::attempt_record&, std::uint64_t put)> on_put;
   std::function<void(coordinator_handle&, const dcr::attempt_record&)> before_commit;
+  /// Before every residual conversion of every owner (on whichever thread builds it).
+  std::function<void()> on_convert;
 
   // ---- what happened
 
@@ -950,6 +960,7 @@ class cluster {
     oo.keys = keys_;
     oo.bucket_bytes = o_.bucket_bytes;
     oo.chunk_bytes = o_.chunk_bytes;
+    oo.build_threads = o_.owner_build_threads;
     oo.lease_ttl = o_.owner_lease;
     oo.after_put = [this, p](const dcr::attempt_record& a, std::uint64_t n) {
       if (on_put) on_put(*p, a, n);

@@ -655,6 +655,105 @@ TEST_CASE("an outage longer than every lease: every agent comes back as a new in
   CHECK(c.last_verified == 4);
 }
 
+// ---- owners building on several threads (owner_agent_options::build_threads)
+
+namespace {
+
+/// A memory store that keeps every payload after the commit (the coordinator's cleanup does
+/// nothing), so that two deployments' payloads can be compared afterwards.
+class keeping_store : public dcr::memory_payload_store {
+ public:
+  void erase_through(std::uint64_t) {}
+};
+using keeping_cluster = cluster<dcr::memory_control_plane, keeping_store>;
+
+/// Every attempt's manifests and payload bytes, owner by owner, and the owners' report figures
+/// of the committed transitions 1 .. `transitions` of a deployment whose owners build on
+/// `threads` threads.
+struct owner_output {
+  std::vector<std::pair<dcr::payload_id, std::vector<std::byte>>> payloads;
+  std::vector<std::vector<dcr::payload_id>> manifests;
+  std::vector<std::vector<std::uint64_t>> reports;  ///< per owner report: every count and digest
+};
+
+owner_output refit_with_build_threads(std::size_t threads, std::uint64_t transitions) {
+  dcr::memory_control_plane base;
+  cluster_options o;
+  o.owner_build_threads = threads;
+  keeping_cluster c(base, o);
+  c.start();
+  for (std::size_t k = 0; k < c.owner_count(); ++k)
+    REQUIRE(c.live_owner(k)->owner->chunk_count() > 1);  // the threads share chunks
+  owner_output out;
+  for (std::uint64_t v = 1; v <= transitions; ++v) {
+    const auto r = simple_step(c, 0.03);
+    REQUIRE_MESSAGE(r.own_commit(), r.describe());
+    settle_and_verify(c, v);
+    for (const auto& a : r.summary.attempts) {
+      for (const auto& listing : c.store().list(a.key)) {
+        CHECK(listing.complete);
+        out.manifests.push_back(listing.ids);
+        for (const auto& id : listing.ids) {
+          std::vector<std::byte> bytes;
+          REQUIRE(c.store().get(id, bytes) == dcr::get_status::found);
+          out.payloads.emplace_back(id, std::move(bytes));
+        }
+      }
+      for (const auto& rep : a.reports) {
+        CHECK(rep.built);
+        out.reports.push_back({rep.owner, rep.payloads, rep.payload_bytes, rep.records,
+                               rep.change_digest, rep.manifest_digest, rep.payload_set_digest,
+                               rep.stats.items, rep.stats.changed_elements,
+                               rep.stats.residual_changed_elements});
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("owners building on 2 and 3 threads put the one-thread build's payloads and manifests, and commit bit-exact") {
+  const owner_output one = refit_with_build_threads(1, 3);
+  REQUIRE(one.payloads.size() > 3);
+  for (std::size_t threads : {2, 3}) {
+    CAPTURE(threads);
+    const owner_output many = refit_with_build_threads(threads, 3);
+    CHECK(many.manifests == one.manifests);
+    CHECK(many.payloads == one.payloads);
+    CHECK(many.reports == one.reports);
+  }
+}
+
+TEST_CASE("an owner whose threaded build fails reports it as the one-thread build does, and nothing is committed") {
+  for (std::size_t threads : {1, 2}) {
+    CAPTURE(threads);
+    dcr::memory_control_plane base;
+    cluster_options o;
+    o.owner_build_threads = threads;
+    o.max_attempts = 2;
+    o.attempt_timeout = 5s;
+    memory_cluster c(base, o);
+    c.start();
+    // Every residual conversion throws, on whichever thread builds it.
+    c.on_convert = [] { throw dcr::error(dcr::errc::invalid_argument, "conversion failed (test)"); };
+    const auto r = simple_step(c, 0.03, 30s);
+    CHECK_FALSE(r.own_commit());
+    CHECK(c.version() == 0);
+    CHECK(commit_now(c).version == 0);
+    std::size_t failed = 0;
+    for (const auto& a : r.summary.attempts) {
+      CHECK_FALSE(a.committed);
+      for (const auto& rep : a.reports)
+        if (!rep.built && rep.failure.find("conversion failed (test)") != std::string::npos) ++failed;
+    }
+    CHECK_MESSAGE(failed > 0, r.describe());
+    for (std::size_t k = 0; k < c.owner_count(); ++k)
+      CHECK(c.live_owner(k)->agent->tracker_version() == 0);
+    (void)c.settle({}, 1s);
+  }
+}
+
 // ---- the randomized soak
 
 namespace {

@@ -388,8 +388,10 @@ TEST_CASE("owner::build_payloads on several threads gives the one-thread loop's 
       std::vector<dcr::payload_id> expected_ids, ids;
       dcr::payload_encoder encoder;
       dcr::payload_header h = header;
+      std::uint64_t records = 0;
       for (std::size_t k = 0; k < loop_owner.owner->chunk_count(); ++k) {
         const auto& items = loop_owner.owner->build_chunk(k, cand, policy, inputs);
+        for (const auto& it : items) records += it.count();
         h.id.sequence = dcr::pack_payloads(registry, h, items, 4096, encoder, out, &ids);
         expected.insert(expected.end(), out.begin(), out.end());
         expected_ids.insert(expected_ids.end(), ids.begin(), ids.end());
@@ -400,9 +402,13 @@ TEST_CASE("owner::build_payloads on several threads gives the one-thread loop's 
         CAPTURE(attempt);
         CAPTURE(threads);
         std::vector<dcr::payload_encoder> encoders(threads);
+        dcr::build_payloads_summary summary;
         const std::uint32_t next = pool_owner.owner->build_payloads(
-            cand, policy, inputs, {}, dcr::build_mode::changes, header, 4096, encoders, out, &ids);
+            cand, policy, inputs, {}, dcr::build_mode::changes, header, 4096, encoders, out, &ids,
+            &summary);
         CHECK(next == h.id.sequence);
+        CHECK(summary.records == records);
+        CHECK(summary.build_seconds > 0);
         CHECK(out == expected);
         CHECK(ids == expected_ids);
         CHECK(pool_owner.owner->change_digest() == loop_owner.owner->change_digest());

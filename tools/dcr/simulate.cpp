@@ -107,6 +107,10 @@ processes:
                         DCR_ETCD_PID frozen with SIGSTOP)
   --async               receivers stage payloads while serving and apply after the last one
   --no-pipeline         owners build every chunk before packing and putting any
+  --owner-threads N     threads each owner builds and compresses its payloads on (1 to 64,
+                        default 1): every chunk built, then every payload compressed, on N
+                        threads, then put (the pipelined build's payloads, byte for byte; not
+                        with --in-process or --device cuda)
   --verify V            every | last: receivers check every step against a dense refit, or only
                         the last one (benchmarks: no verification overlapping later steps)
   --timeout SECONDS     deadline of every protocol wait (default 300)
@@ -313,11 +317,17 @@ void parse_transport_flags(arg_parser& args, simulate_settings& s) {
     throw usage_error("--relay-port-base must be a port number");
 }
 
-/// How the processes run: --keep, --async, --no-pipeline, --verify, --commit-outage, --timeout.
+/// How the processes run: --keep, --async, --no-pipeline, --owner-threads, --verify,
+/// --commit-outage, --timeout.
 void parse_run_flags(arg_parser& args, simulate_settings& s) {
   s.keep = args.flag("--keep");
   s.asynchronous = args.flag("--async");
   s.pipelined = !args.flag("--no-pipeline");
+  const auto owner_threads = args.integer("--owner-threads", 1);
+  if (owner_threads < 1 || owner_threads > 64)
+    throw usage_error("--owner-threads must be 1 to 64 (threads per owner), got " +
+                      std::to_string(owner_threads));
+  s.owner_threads = static_cast<std::size_t>(owner_threads);
   const auto verify_text = args.value("--verify", "every");
   if (verify_text != "every" && verify_text != "last")
     throw usage_error("--verify must be every or last");
@@ -377,6 +387,11 @@ void check_modes(const simulate_settings& s, bool in_process) {
     throw usage_error("--kill, --commit-outage and --async need separate processes (not --in-process)");
   if (in_process && s.chaos_seed)
     throw usage_error("--chaos needs separate processes (not --in-process)");
+  if (in_process && s.owner_threads > 1)
+    throw usage_error("--owner-threads needs separate processes (not --in-process)");
+  if (s.device == dcr::exec::device_kind::cuda && s.owner_threads > 1)
+    throw usage_error("--owner-threads builds on the CPU: with --device cuda an owner detects "
+                      "on the GPU from one thread (not both)");
   if (s.chaos_seed && (!s.kills.empty() || s.commit_outage >= 0 || s.fault != "none"))
     throw usage_error("--chaos draws its own kills, outage and corrupted payload (not with --kill, "
                       "--commit-outage or --fault)");

@@ -40,6 +40,7 @@ int run_owner(const simulate_settings& s) {
       o.chunk_bytes = s.options.bucket_bytes;
       o.codec = s.options.codec;
       o.pipelined = s.pipelined;
+      o.build_threads = s.owner_threads;
       o.after_put = [&](const dcr::attempt_record& a, std::uint64_t n) {
         if (n == 1 && a.kind == dcr::attempt_kind::refit && kill_here(s, "owner", a.key.target_version))
           ::raise(SIGKILL);

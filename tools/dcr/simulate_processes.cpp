@@ -595,6 +595,7 @@ void print_json_report(const simulate_settings& s, const run_report& r) {
   json out{{"mode", "processes"}, {"checkpoint_bytes", r.checkpoint_bytes},
            {"canonical_tensors", r.canonical_tensors}, {"commit", uses_etcd(s) ? s.commit : "file"},
            {"asynchronous", s.asynchronous}, {"pipelined", s.pipelined},
+           {"owner_threads", s.owner_threads},
            {"transport", s.transport}, {"store", transport_description(s)},
            {"s3_fanout", s.s3_fanout}, {"link_rate", s.link_rate},
            {"trainer_nodes", s.trainer_nodes}, {"rollout_nodes", s.rollout_nodes},

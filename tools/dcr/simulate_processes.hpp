@@ -67,6 +67,7 @@ struct simulate_settings {
   bool keep = false;
   bool asynchronous = false;
   bool pipelined = true;
+  std::size_t owner_threads = 1;  ///< --owner-threads: owner_agent_options::build_threads
   bool verify_every = true;  ///< false (--verify last): receivers verify the last step only
   /// --kill: each fires once (the agent marks it in WORKDIR/results/kills/ before it dies), so
   /// a process restarted after one kill can be killed again at a later step.

@@ -8,7 +8,9 @@
 //   waiting   -> an open refit attempt of v -> v+1 naming this owner's candidate appears
 //   building  -> chunks are built on the calling thread (detect, project, convert, encode);
 //                a second thread packs, compresses and puts each payload as soon as its chunk
-//                is built (at most queue_depth chunks in flight: memory stays bounded)
+//                is built (at most queue_depth chunks in flight: memory stays bounded). With
+//                build_threads N > 1 every chunk is built, then every payload compressed, on N
+//                threads (owner::build_payloads), and then the payloads are put in order
 //   reported  -> manifest put, owner_report written (built, or failed with the reason)
 //   committed -> the commit record says v+1 for this candidate: trackers and residual
 //                baselines are updated in place; serve_transition returns
@@ -40,6 +42,13 @@ struct owner_agent_options {
   codec_options codec{};
   std::size_t queue_depth = 2;    ///< chunks between building and putting
   bool pipelined = true;          ///< false: build everything, then pack and put
+  /// Threads that build and compress an attempt (at least 1). 1: the calling thread builds,
+  /// pipelined as above. N > 1: owner::build_payloads on N threads with N encoders of `codec`,
+  /// then the puts on the calling thread: byte for byte the payloads and ids of the pipelined
+  /// one-thread build (also when `pipelined` is false, which then does not apply, nor does
+  /// queue_depth), with every payload of the attempt held in memory before the first put. An
+  /// owner with a detect backend builds as with 1 (owner::payload_threads).
+  std::size_t build_threads = 1;
   std::chrono::seconds lease_ttl{10};
   /// Test hook, called after each payload put (attempt, payloads put so far); the simulate
   /// tool kills the process here for `--kill owner:STEP`.
@@ -100,8 +109,9 @@ class owner_agent {
                       std::span<const std::span<const std::byte>> residual_inputs,
                       protocol_clock::time_point deadline);
 
-  // Builds every chunk and puts its payloads (on the stage thread when pipelined), then the
-  // manifest. Fills report_ and timeline_.
+  // Builds every chunk and puts its payloads (on the stage thread when pipelined, after
+  // owner::build_payloads with build_threads > 1), then the manifest. Fills report_ and
+  // timeline_.
   void build_and_put(const attempt_record& a, std::span<const std::span<const std::byte>> sources,
                      std::span<const std::span<const std::byte>> residual_inputs, build_mode mode,
                      encoding_policy policy, protocol_clock::time_point /*deadline*/);
@@ -113,7 +123,7 @@ class owner_agent {
   owner_agent_options options_;
   std::string incarnation_;
   std::string candidate_;  // the candidate weights served (registered with the owner)
-  payload_encoder encoder_;
+  std::vector<payload_encoder> encoders_;  // build_threads of them, equal options (codec)
   lease_id lease_ = 0;
   std::unique_ptr<lease_keeper<Plane>> keeper_;
   std::uint64_t tracker_version_ = 0;

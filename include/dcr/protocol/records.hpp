@@ -118,8 +118,10 @@ struct owner_report {
   std::uint64_t payload_set_digest = 0;
   std::uint64_t payloads = 0, payload_bytes = 0, records = 0;
   owner_stats stats;             ///< the owner's figures of the attempt (dcr::owner::stats())
-  double build_seconds = 0;      ///< detect, project, convert, encode (calling thread)
-  double compress_seconds = 0;   ///< pack + zstd (second thread)
+  double build_seconds = 0;      ///< detect, project, convert, encode (calling thread; wall
+                                 ///< time of the build phase with build_threads > 1)
+  double compress_seconds = 0;   ///< pack + zstd (second thread; with build_threads > 1 the
+                                 ///< wall time of the threads' compression phase)
   double put_seconds = 0;        ///< payload store puts
   double seconds = 0;            ///< attempt seen to manifest put
   std::uint64_t peak_rss_bytes = 0;

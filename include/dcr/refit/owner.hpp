@@ -56,6 +56,12 @@ enum class build_mode : std::uint8_t {
   dense,
 };
 
+/// What one owner::build_payloads call measured beside owner::stats().
+struct build_payloads_summary {
+  double build_seconds = 0;   ///< wall-clock, calling thread: until every chunk was built
+  std::uint64_t records = 0;  ///< item::count() summed over every item packed
+};
+
 class owner {
  public:
   /// An owner with id `id` (unique among all owners of the model) holding affine `tasks` and
@@ -95,6 +101,12 @@ class owner {
 
   /// Where the detect stage runs: "cpu" (the owner's own loop) or the backend's device().
   [[nodiscard]] std::string detect_device() const;
+
+  /// The threads build_payloads shares its work among when given `encoders` encoders: 1 with a
+  /// detect backend (it is driven from one thread), else `encoders`.
+  [[nodiscard]] std::size_t payload_threads(std::size_t encoders) const noexcept {
+    return detector_ != nullptr ? 1 : encoders;
+  }
 
   /// Sets every tracker to the committed words of its task (committed[i] for tasks()[i]) and
   /// every residual input copy to `residual_committed` (flattened, see the file comment), then
@@ -151,9 +163,11 @@ class owner {
   /// thread t (all encoders must have equal options for the bytes to match the loop's). Unlike
   /// the loop it holds every chunk's items at once, and the conversions of distinct residual
   /// tasks may run at the same time on distinct threads (each task's own conversions never do).
-  /// With a detect backend, or with one encoder, it runs on the calling thread only. Throws what build_chunk and pack_payloads throw (the
-  /// first error of any thread, after every thread has stopped); after an exception the attempt
-  /// is not built (commit() refuses) and `out` is unspecified. invalid_argument for no encoder.
+  /// It runs on payload_threads(encoders.size()) threads (the calling thread only with a detect
+  /// backend or one encoder). `summary`, if given, receives the time of the build phase and the
+  /// records packed. Throws what build_chunk and pack_payloads throw (the first error of any
+  /// thread, after every thread has stopped); after an exception the attempt is not built
+  /// (commit() refuses) and `out` is unspecified. invalid_argument for no encoder.
   std::uint32_t build_payloads(std::span<const std::span<const std::byte>> candidates,
                                encoding_policy policy,
                                std::span<const std::span<const std::byte>> residual_inputs,
@@ -161,7 +175,8 @@ class owner {
                                const payload_header& header, std::size_t bucket_bytes,
                                std::span<payload_encoder> encoders,
                                std::vector<std::vector<std::byte>>& out,
-                               std::vector<payload_id>* ids = nullptr);
+                               std::vector<payload_id>* ids = nullptr,
+                               build_payloads_summary* summary = nullptr);
 
   /// Digest of the last attempt's changed set (indices and new words of every item, in chunk
   /// order): equal digests over the same trackers mean equal candidates, so a restarted owner

@@ -12,9 +12,11 @@ owner_agent<Plane, Store>::owner_agent(owner& o, const tensor_registry& registry
       plane_(&plane),
       store_(&store),
       options_(std::move(options)),
-      incarnation_(make_incarnation()),
-      encoder_(options_.codec) {
+      incarnation_(make_incarnation()) {
+  DCR_EXPECTS(options_.build_threads >= 1, errc::invalid_argument,
+              "owner agent: build_threads must be at least 1");
   owner_->set_chunk_bytes(options_.chunk_bytes);
+  set_codec(options_.bucket_bytes, options_.codec);
 }
 
 template <control_plane Plane, payload_sink Store>
@@ -129,7 +131,8 @@ template <control_plane Plane, payload_sink Store>
 void owner_agent<Plane, Store>::set_codec(std::size_t bucket_bytes, const codec_options& codec) {
   options_.bucket_bytes = bucket_bytes;
   options_.codec = codec;
-  encoder_ = payload_encoder(codec);
+  encoders_.clear();
+  for (std::size_t t = 0; t < options_.build_threads; ++t) encoders_.emplace_back(codec);
 }
 
 template <control_plane Plane, payload_sink Store>
@@ -249,12 +252,8 @@ void owner_agent<Plane, Store>::build_and_put(
   payload_header header;
   header.id = payload_id{a.key, owner_->id(), 0};
   header.registry_fingerprint = registry_->fingerprint();
-  // Stage thread: pack + compress, then put.
-  auto pack_and_put = [&](std::vector<item>& items) {
-    const auto c0 = clock::now();
-    header.id.sequence = sequence;
-    sequence = pack_payloads(*registry_, header, items, options_.bucket_bytes, encoder_,
-                             payloads_, &payload_ids_);
+  // Puts payloads_ (packed since c0), in order.
+  auto put_packed = [&](clock::time_point c0) {
     const auto c1 = clock::now();
     for (std::size_t k = 0; k < payloads_.size(); ++k) {
       const auto& p = payloads_[k];
@@ -269,8 +268,28 @@ void owner_agent<Plane, Store>::build_and_put(
     put_time += seconds(c2 - c1);
     put_spans.push_back({"compress+put", u0 + seconds(c0 - t0), u0 + seconds(c2 - t0)});
   };
+  // Stage thread: pack + compress, then put.
+  auto pack_and_put = [&](std::vector<item>& items) {
+    const auto c0 = clock::now();
+    header.id.sequence = sequence;
+    sequence = pack_payloads(*registry_, header, items, options_.bucket_bytes, encoders_[0],
+                             payloads_, &payload_ids_);
+    put_packed(c0);
+  };
   double build = 0;
-  if (options_.pipelined) {
+  if (owner_->payload_threads(encoders_.size()) > 1) {
+    // Built, then compressed, on every thread; put here once all is packed.
+    const auto b0 = clock::now();
+    build_payloads_summary built;
+    owner_->build_payloads(sources, policy, residual_inputs, options_.codec, mode, header,
+                           options_.bucket_bytes, encoders_, payloads_, &payload_ids_, &built);
+    const auto b1 = b0 + std::chrono::duration_cast<clock::duration>(
+                             std::chrono::duration<double>(built.build_seconds));
+    build = built.build_seconds;
+    records = built.records;
+    timeline_.push_back({"build", u0 + seconds(b0 - t0), u0 + seconds(b1 - t0)});
+    put_packed(b1);
+  } else if (options_.pipelined) {
     pipeline_stage<std::vector<item>> stage(options_.queue_depth, pack_and_put);
     for (std::size_t k = 0; k < owner_->chunk_count(); ++k) {
       const auto b0 = clock::now();

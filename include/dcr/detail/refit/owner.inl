@@ -211,13 +211,15 @@ DCR_INLINE std::uint32_t owner::build_payloads(
     std::span<const std::span<const std::byte>> residual_inputs, const codec_options& codec,
     build_mode mode, const payload_header& header, std::size_t bucket_bytes,
     std::span<payload_encoder> encoders, std::vector<std::vector<std::byte>>& out,
-    std::vector<payload_id>* ids) {
+    std::vector<payload_id>* ids, build_payloads_summary* summary) {
   DCR_EXPECTS(!encoders.empty(), errc::invalid_argument, "owner::build_payloads: no encoder");
   out.clear();
   if (ids != nullptr) ids->clear();
+  if (summary != nullptr) *summary = {};
   const std::size_t n = chunks_.size();
   if (n == 0) return header.id.sequence;
-  const std::size_t threads = detector_ != nullptr ? 1 : encoders.size();
+  const std::size_t threads = payload_threads(encoders.size());
+  const auto t0 = clock::now();
   begin_chunk(0, candidates, residual_inputs, mode);
   built_ = false;
   chunk_items_.resize(n);
@@ -232,6 +234,11 @@ DCR_INLINE std::uint32_t owner::build_payloads(
   for (std::size_t k = 0; k < n; ++k) {
     stats_ += chunk_stats_[k];
     digest_chunk(k);
+  }
+  if (summary != nullptr) {
+    summary->build_seconds = seconds(clock::now() - t0);
+    for (const auto& items : chunk_items_)
+      for (const auto& it : items) summary->records += it.count();
   }
 
   // Payloads in chunk order, split as pack_payloads splits each chunk's items, then numbered.
