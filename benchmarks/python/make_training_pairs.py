@@ -7,8 +7,9 @@ Consecutive files are what a trainer publishes after consecutive steps: the pair
 
 writes OUT_DIR/step-000.safetensors (the released weights, cast) .. step-NNN.safetensors and
 prints, per step, the loss and the share of BF16 elements whose stored bits changed. The task is
-a real gradient step on real text: sentence pairs pulled together (cosine similarity of mean
-pooled embeddings), so the updates have the structure of fine-tuning, not of noise.
+a real gradient step on real text: each sentence pulled toward a sentence about something else
+(the released model already pairs paraphrases, so that loss would be near zero), against the
+rest of the batch (cosine similarity of mean pooled embeddings, in-batch negatives).
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def main():
     model = AutoModel.from_pretrained(path, dtype=torch.float32).train()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     left = tok([p[0] for p in PAIRS], padding=True, return_tensors="pt")
-    right = tok([p[1] for p in PAIRS], padding=True, return_tensors="pt")
+    # Each sentence's partner is the next pair's paraphrase: a target the model must learn.
+    right = tok([PAIRS[(i + 1) % len(PAIRS)][1] for i in range(len(PAIRS))], padding=True,
+                return_tensors="pt")
 
     def embed(batch):
         h = model(**batch).last_hidden_state
@@ -68,7 +71,7 @@ def main():
     before = save(0)
     for step in range(1, a.steps + 1):
         x, y = embed(left), embed(right)
-        # Pull each pair together, push the other sentences of the batch away (in-batch negatives).
+        # Pull each sentence to its partner, push the rest of the batch away.
         sim = torch.nn.functional.cosine_similarity(x.unsqueeze(1), y.unsqueeze(0), dim=-1) / 0.05
         loss = torch.nn.functional.cross_entropy(sim, torch.arange(len(PAIRS)))
         opt.zero_grad()
@@ -77,7 +80,7 @@ def main():
         after = save(step)
         changed = sum(int((before[k].view(torch.int16) != after[k].view(torch.int16)).sum()) for k in after)
         total = sum(v.numel() for v in after.values())
-        print(json.dumps({"step": step, "loss": round(float(loss), 5), "changed": changed,
+        print(json.dumps({"step": step, "loss": round(float(loss.detach()), 5), "changed": changed,
                           "elements": total, "change_rate": round(changed / total, 5)}))
         before = after
     return 0
