@@ -56,11 +56,14 @@ dcr::payload_id pid(std::uint32_t owner, std::uint32_t seq, std::uint64_t base =
 
 // Stops the server (SIGSTOP) for `d` from now, in the background; resumed by the destructor at
 // the latest.
+/// Stops the S3 server for `d`, or, without a duration, until the freeze is destroyed (for a
+/// request that must fail however late the test's own thread gets to run on a loaded machine).
 struct freeze {
   pid_t pid;
   std::jthread thread;
-  explicit freeze(std::chrono::milliseconds d) : pid(static_cast<pid_t>(std::stol(env("DCR_S3_PID")))) {
+  explicit freeze(std::chrono::milliseconds d = {}) : pid(static_cast<pid_t>(std::stol(env("DCR_S3_PID")))) {
     REQUIRE(::kill(pid, SIGSTOP) == 0);
+    if (d == std::chrono::milliseconds{}) return;
     thread = std::jthread([p = pid, d](std::stop_token) {
       std::this_thread::sleep_for(d);
       ::kill(p, SIGCONT);
@@ -588,14 +591,16 @@ TEST_CASE("retries: a frozen server times out requests, which are retried until 
   std::vector<std::byte> out;
   REQUIRE(s.get(pid(1, 0), out) == dcr::get_status::found);
   CHECK(out == bytes);
-  // Too few retries for the outage: a clear timeout error.
+  // Too few retries for the outage: a clear timeout error. The server stays stopped until the
+  // store has given up (a thaw on a timer could answer a client that a loaded machine starved
+  // past it: seen once in 5 repeats beside the tool suite).
   o.max_retries = 1;
   dcr::s3_payload_store impatient(o);
-  freeze f(3000ms);
+  freeze f;
   const auto t1 = std::chrono::steady_clock::now();
   const auto what = error_of([&] { (void)impatient.get(pid(1, 0), out); });
   const double gave_up = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-  CHECK_MESSAGE(gave_up < 2.5, "gave up after " << gave_up << " s, past the freeze");
+  CHECK_MESSAGE(gave_up < 2.5, "gave up after " << gave_up << " s (2 attempts of 300 ms)");
   CHECK(what.find("timed out") != std::string::npos);
   CHECK(what.find("(after 2 attempts)") != std::string::npos);
 }
