@@ -6,7 +6,7 @@
 // DCR_SEPARATE_COMPILATION for all of its units and compile this one file with them; the other
 // units then see declarations only and compile just the templates they instantiate with their
 // own types (the loader, here). dcr's own build uses this very file so: meson.build compiles it
-// into the static library dcr_core that the tool, the tests, the benchmarks and the Python
-// extension link (the examples themselves stay header-only); docs/benchmarks.md has the
-// compile times.
+// into the static library dcr_core that the tool, the tests, the benchmarks, the examples and
+// the Python extension link (split in its two parts, separate_compilation_{refit,protocol}.cpp);
+// docs/benchmarks.md has the compile times.
 #include "dcr/separate_compilation.hpp"

@@ -12,8 +12,8 @@
 // It may be split in two units that compile in parallel: each defines DCR_SEPARATE_LIBRARY_PART
 // to DCR_PART_REFIT or DCR_PART_PROTOCOL before this include and defines that part's bodies
 // (dcr/config.hpp; examples/separate_compilation_{refit,protocol}.cpp).
-// Headers outside the umbrella (dcr/io/, the networked control planes and stores, dcr/exec/)
-// stay header-only in both modes and need nothing here. The networked ones (the etcd control
+// Headers outside the umbrella (dcr/io/, dcr/exec/, the networked clients) stay header-only
+// by default in both modes and need nothing here. The networked ones (the etcd control
 // plane, the S3 store, the relay) may be compiled once too: define DCR_SEPARATE_NETWORK as well
 // for every unit, and include each such header the program uses after this one, in the one
 // unit or in a unit of part DCR_PART_NETWORK (dcr/config.hpp):
