@@ -16,6 +16,10 @@
 // columns); the per-stage columns (detect ms .. encode ms) are the owner's own wall-clock
 // timings of the best construction and grow with the machine's load.
 //
+// Every timed build is the first attempt of its transition, as in a refit step: the owner is
+// initialized again from a copy of the committed shards before each one (untimed), so no build
+// unites its changed set with an earlier attempt's (a retry's path).
+//
 // The model and layout are `dcr simulate`'s defaults (synthetic MoE, Megatron-style trainer
 // TP=2 x DP=2, residual tasks for the fused QKV); every owner rank is measured. Markdown on
 // stdout (or JSON with --json), progress on stderr.
@@ -197,7 +201,15 @@ int main(int argc, char** argv) {
       auto spans = [&] { built.spans(trainer, cand, inputs); };
       trainer.advance_to(0, schedule);
       spans();
-      owner.initialize(cand, inputs);
+      // The committed version, kept to start every timed build as a transition's first attempt.
+      std::vector<std::vector<std::byte>> committed_copy, residual_copy;
+      for (auto s : cand) committed_copy.emplace_back(s.begin(), s.end());
+      for (auto s : inputs) residual_copy.emplace_back(s.begin(), s.end());
+      const std::vector<std::span<const std::byte>> committed(committed_copy.begin(),
+                                                              committed_copy.end());
+      const std::vector<std::span<const std::byte>> residual_committed(residual_copy.begin(),
+                                                                       residual_copy.end());
+      owner.initialize(committed, residual_committed);
       trainer.advance_to(1, schedule);
       spans();
 
@@ -227,6 +239,7 @@ int main(int argc, char** argv) {
         f.detect_cpu_s = std::min(f.detect_cpu_s, thread_cpu_seconds() - d0);
 
         all_payloads.clear();
+        owner.initialize(committed, residual_committed);
         const auto w0 = std::chrono::steady_clock::now();
         const double b0 = thread_cpu_seconds();
         const std::uint64_t faults0 = thread_page_faults();
@@ -267,6 +280,7 @@ int main(int argc, char** argv) {
           dcr::payload_header h;
           h.id = dcr::payload_id{{0, 1, static_cast<std::uint32_t>(rep)}, rank, 0};
           h.registry_fingerprint = registry.fingerprint();
+          owner.initialize(committed, residual_committed);
           const double p0 = process_cpu_seconds();
           const auto t0 = std::chrono::steady_clock::now();
           owner.build_payloads(cand, dcr::encoding_policy::mixed, inputs, {},
