@@ -21,7 +21,7 @@
 #   AWS_PROFILE and AWS_DEFAULT_REGION unset
 # Afterwards, also when CMD fails or the script is interrupted, the server is resumed (a test
 # may have left it frozen), killed (SIGKILL: it holds nothing worth a clean shutdown) and its
-# data removed. Exits with CMD's status; with a message and 1 if the server does not come up,
+# data removed (its logs and sockets included). Exits with CMD's status; with a message and 1 if the server does not come up,
 # or if `weed` is not installed (then 77, meson's "skipped", unless CI is set). WEED_BIN
 # overrides the binary.
 set -euo pipefail
@@ -44,6 +44,7 @@ fi
 
 data_dir=$(mktemp -d "${TMPDIR:-/tmp}/dcr-s3-XXXXXX")
 weed_pid=""
+ports_tried=()  # first ports of the servers started; their gRPC sockets are removed at the end
 
 # shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
@@ -52,6 +53,12 @@ cleanup() {
     kill -KILL "$weed_pid" 2>/dev/null || true
     wait "$weed_pid" 2>/dev/null || true
   fi
+  # SeaweedFS puts a unix socket per gRPC port in /tmp whatever TMPDIR says (no flag moves
+  # them): /tmp/seaweedfs-<service>-grpc-<port>.sock, named by ports only this server held.
+  local p i
+  for p in "${ports_tried[@]}"; do
+    for i in 0 1 2 3 4 5 6 7 8; do rm -f /tmp/seaweedfs-*-"$((p + i))".sock; done
+  done
   rm -rf "$data_dir"
 }
 trap cleanup EXIT
@@ -123,14 +130,18 @@ for _attempt in 1 2 3 4 5; do
   master_port=$base s3_port=$((base + 1)) filer_port=$((base + 2)) volume_port=$((base + 3))
   https_port=$((base + 8))
   rm -rf "$data_dir/data"
-  mkdir -p "$data_dir/data"
-  "$weed_bin" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="$data_dir/data" \
+  mkdir -p "$data_dir/data" "$data_dir/tmp"
+  ports_tried+=("$base")
+  # TMPDIR: where SeaweedFS writes its logs (left behind otherwise); the filer's and S3's local
+  # sockets go to the data directory too.
+  TMPDIR="$data_dir/tmp" "$weed_bin" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="$data_dir/data" \
     -master.port="$master_port" -master.port.grpc=$((base + 4)) \
     -volume.port="$volume_port" -volume.port.grpc=$((base + 5)) \
     -filer.port="$filer_port" -filer.port.grpc=$((base + 6)) \
     -s3 -s3.port="$s3_port" -s3.port.grpc=$((base + 7)) \
     -s3.port.iceberg=0 -s3.port.lance=0 -s3.domainName=localhost -s3.autoCreateBucket=false \
     -s3.config="$data_dir/identities.json" \
+    -filer.localSocket="$data_dir/tmp/filer.sock" -s3.localSocket="$data_dir/tmp/s3.sock" \
     -s3.port.https="$https_port" -s3.cert.file="$data_dir/tls/server.pem" \
     -s3.key.file="$data_dir/tls/server.key" \
     -master.volumeSizeLimitMB=64 -volume.max=0 -metricsPort=0 \

@@ -14,5 +14,14 @@ if [[ ! -x "$VENV/bin/python" ]] || ! ls "$VENV"/.dcr-vllm-* >/dev/null 2>&1; th
   echo "vllm suite: no venv at $VENV (scripts/make-vllm-venv.sh makes it); skipped" >&2
   exit 77
 fi
+# vLLM (its ZeroMQ sockets, vllm_dist_* folders), Ray (its session folders) and pytest write
+# under TMPDIR and leave their files behind: they get a folder of their own, removed at the end.
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/dcr-vllm-XXXXXX")
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() { rm -rf "$scratch"; }
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+export TMPDIR=$scratch
 cd "$(dirname "${BASH_SOURCE[0]}")"
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
