@@ -463,3 +463,84 @@ TEST_CASE("owner::build_payloads needs an encoder and leaves a failed attempt un
                   dcr::error);
   CHECK_THROWS_AS(built.owner->commit(cand, inputs), dcr::error);
 }
+
+TEST_CASE("an owner holding several shards of one tensor sends its records sorted, word for word") {
+  // Two column shards of w in one owner, the second rank's first: the record buffer of w gets
+  // rank 1's columns, then rank 0's, and must come out sorted with the words moved along. Two row
+  // shards of v, in order (no sort needed). Four transitions with fresh changes each, a retry in
+  // one from candidates that changed further, so buffers handed from build to build carry the
+  // right words.
+  const dcr::tensor_registry reg({{"w", dcr::dtype::bf16, {6, 8}}, {"v", dcr::dtype::bf16, {6, 8}}});
+  const auto w = reg.id("w"), v = reg.id("v");
+  const std::vector<std::int64_t> shape = {6, 8};
+  std::vector<dcr::affine_task> tasks;
+  std::vector<std::pair<dcr::tensor_id, dcr::any_mapping>> layout;
+  for (int r : {1, 0}) {
+    dcr::affine_task t;
+    t.shard_name = "w.col" + std::to_string(r);
+    t.mapping = dcr::column_split(shape, 2, r);
+    t.targets = {w};
+    tasks.push_back(t);
+  }
+  for (int r : {0, 1}) {
+    dcr::affine_task t;
+    t.shard_name = "v.row" + std::to_string(r);
+    t.mapping = dcr::row_split(shape, 2, r);
+    t.targets = {v};
+    tasks.push_back(t);
+  }
+  dcr::owner o(reg, 0, tasks, {});
+  dcr::sim::rng g(11);
+  // Canonical words of both tensors; each shard is cut from them through its own mapping.
+  std::vector<std::uint16_t> committed(96), candidate(96);
+  for (auto& x : committed) x = static_cast<std::uint16_t>(g.next());
+  std::vector<std::vector<std::uint16_t>> shards(tasks.size());
+  std::vector<std::span<const std::byte>> spans(tasks.size());
+  const auto cut = [&](const std::vector<std::uint16_t>& canonical) {
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+      const auto base = tasks[i].targets[0] == w ? 0 : 48;
+      shards[i].resize(dcr::local_size(tasks[i].mapping));
+      for (std::uint64_t j = 0; j < shards[i].size(); ++j)
+        shards[i][j] = canonical[base + std::visit([&](const auto& m) { return m(j).index; },
+                                                   tasks[i].mapping)];
+      spans[i] = std::as_bytes(std::span<const std::uint16_t>(shards[i]));
+    }
+  };
+  cut(committed);
+  o.initialize(spans);
+  for (int step = 1; step <= 4; ++step) {
+    CAPTURE(step);
+    candidate = committed;
+    for (int k = 0; k < 30; ++k) candidate[g.next() % 96] ^= static_cast<std::uint16_t>(1 + g.next() % 0xffff);
+    cut(candidate);
+    for (int attempt = 0; attempt < (step == 2 ? 2 : 1); ++attempt) {
+      if (attempt == 1) {  // a retry from candidates that changed further: the union is sent
+        for (int k = 0; k < 10; ++k) {
+          const std::size_t x = g.next() % 96;
+          if (candidate[x] == committed[x]) candidate[x] ^= 0x0101;
+        }
+        cut(candidate);
+      }
+      const auto& items = o.build_items(spans, dcr::encoding_policy::overwrite_only);
+      std::size_t changed = 0;
+      for (std::size_t x = 0; x < 96; ++x) changed += committed[x] != candidate[x] ? 1 : 0;
+      std::size_t records = 0;
+      for (const auto& it : items) {
+        const std::size_t base = it.tensor == w ? 0 : 48;
+        REQUIRE(it.enc == dcr::encoding::overwrite);
+        REQUIRE(std::is_sorted(it.indices.begin(), it.indices.end()));
+        REQUIRE(std::adjacent_find(it.indices.begin(), it.indices.end()) == it.indices.end());
+        const auto words = it.words<std::uint16_t>();
+        for (std::size_t k = 0; k < it.count(); ++k) {
+          CAPTURE(it.indices[k]);
+          CHECK(words[k] == candidate[base + it.indices[k]]);
+          CHECK(committed[base + it.indices[k]] != candidate[base + it.indices[k]]);
+        }
+        records += it.count();
+      }
+      CHECK(records == changed);
+    }
+    o.commit(spans);
+    committed = candidate;
+  }
+}

@@ -140,7 +140,8 @@ class owner {
   /// attempts of the same transition (builds since initialize() or the last commit()) sent;
   /// in mode `dense`, every element is sent as an overwrite of `candidates` (pass the trackers,
   /// see tracker(), for a restore of the committed version). commit() needs every chunk built
-  /// in the last attempt.
+  /// in the last attempt. The returned items stay valid until the next build_chunk,
+  /// build_items or build_payloads call.
   const std::vector<item>& build_chunk(
       std::size_t k, std::span<const std::span<const std::byte>> candidates,
       encoding_policy policy, std::span<const std::span<const std::byte>> residual_inputs = {},
@@ -213,6 +214,7 @@ class owner {
     std::vector<std::byte> old_bytes, new_bytes;
     std::size_t word_bytes = 0;
     bool delta_encodable = true;
+    bool sorted = true;  // indices strictly increasing (project() checks where groups meet)
     std::vector<std::uint32_t> perm;
     std::vector<std::uint64_t> tmp_indices;
     std::vector<std::byte> tmp_bytes;
@@ -222,14 +224,15 @@ class owner {
       old_bytes.clear();
       new_bytes.clear();
       delta_encodable = true;
-    }
-    template <storage_word W> std::span<const W> new_words() const {
-      return {reinterpret_cast<const W*>(new_bytes.data()), indices.size()};
+      sorted = true;
     }
     // Tasks of one tensor arrive one after another, each already in increasing order for the
-    // monotone mappings (row/column splits, boxes without permutation), so usually no sort.
+    // monotone mappings (row/column splits, boxes without permutation), so usually no sort;
+    // project() keeps `sorted` (a group's indices increase, so only where two groups meet is
+    // compared), and no pass over the indices is needed to know.
     void sort_by_index() {
-      if (std::is_sorted(indices.begin(), indices.end())) return;
+      if (sorted) return;
+      sorted = true;
       perm.resize(indices.size());
       std::iota(perm.begin(), perm.end(), 0u);
       std::sort(perm.begin(), perm.end(), [&](auto a, auto b) { return indices[a] < indices[b]; });
@@ -289,8 +292,14 @@ class owner {
                          const codec_options& codec, build_mode mode, build_scratch& scratch,
                          std::vector<item>& items, owner_stats& stats);
 
-  // Chains chunk k's records (slots in tensor id order) into change_digest_.
-  void digest_chunk(std::size_t k);
+  // Gives the buffers build_chunk_items lent to `items` back to their record slots (the slots'
+  // contents are spent by then: digested, and packed by the caller), so that the next build
+  // writes into buffers of the right size, and empties `items`.
+  void return_buffers(std::vector<item>& items);
+
+  // Chains the records of a chunk's items (in tensor id order: the item's indices, the new words
+  // its record slot kept) into change_digest_.
+  void digest_chunk(std::span<const item> items);
 
   std::uint32_t add_slot(tensor_id target, bool residual);
 
@@ -317,10 +326,24 @@ class owner {
       const std::uint64_t j0 = changed[k];
       const mapped_index d = m(j0);
       const std::uint64_t end = j0 + m.run_length(j0);
-      std::size_t k1 = k + 1;
-      while (k1 < n && changed[k1] < end) ++k1;
-      f(k, k1, d, j0);
-      k = k1;
+      // The group's end: galloping, then a binary search in the last step, so a run of one
+      // element costs one comparison and a run of the whole task a logarithm of it.
+      std::size_t lo = k + 1, step = 1;
+      while (lo < n && changed[lo] < end) {
+        const std::size_t next = std::min(n, lo + step);
+        if (next == lo + step && changed[next - 1] < end) {
+          lo = next;
+          step *= 2;
+          continue;
+        }
+        lo = static_cast<std::size_t>(
+            std::lower_bound(changed.begin() + static_cast<std::ptrdiff_t>(lo),
+                             changed.begin() + static_cast<std::ptrdiff_t>(next), end) -
+            changed.begin());
+        break;
+      }
+      f(k, lo, d, j0);
+      k = lo;
     }
   }
 
@@ -369,7 +392,7 @@ class owner {
   std::vector<std::uint32_t> slot_order_;             // slots in tensor id order
   std::unordered_map<tensor_id, std::uint32_t> slot_of_;
   std::vector<record_buffer> records_;
-  std::vector<item> items_;
+  std::vector<item> items_;  // build_chunk's
   owner_stats stats_;
   bool initialized_ = false;
   bool built_ = false;

@@ -197,10 +197,11 @@ DCR_INLINE const std::vector<item>& owner::build_chunk(
     build_mode mode) {
   begin_chunk(k, candidates, residual_inputs, mode);
   owner_stats chunk_stats;
+  return_buffers(items_);  // the previous call's items are done with
   build_chunk_items(k, candidates, policy, residual_inputs, codec, mode, scratch_, items_,
                     chunk_stats);
   stats_ += chunk_stats;
-  digest_chunk(k);
+  digest_chunk(items_);
   chunk_built_[k] = 1;
   built_ = std::all_of(chunk_built_.begin(), chunk_built_.end(), [](auto b) { return b != 0; });
   return items_;
@@ -233,7 +234,7 @@ DCR_INLINE std::uint32_t owner::build_payloads(
   });
   for (std::size_t k = 0; k < n; ++k) {
     stats_ += chunk_stats_[k];
-    digest_chunk(k);
+    digest_chunk(chunk_items_[k]);
   }
   if (summary != nullptr) {
     summary->build_seconds = seconds(clock::now() - t0);
@@ -269,6 +270,7 @@ DCR_INLINE std::uint32_t owner::build_payloads(
                        *registry_, out[b]);
   });
   if (ids != nullptr) *ids = std::move(numbered);
+  for (auto& items : chunk_items_) return_buffers(items);
   std::fill(chunk_built_.begin(), chunk_built_.end(), std::uint8_t{1});
   built_ = true;
   return header.id.sequence + static_cast<std::uint32_t>(buckets.size());
@@ -355,7 +357,7 @@ DCR_INLINE void owner::build_chunk_items(
 
   auto t3 = clock::now();
   for (auto slot : c.slots) {
-    const auto& r = records_[slot];
+    auto& r = records_[slot];
     if (r.indices.empty()) continue;
     const auto& t = registry_->at(targets_[slot]);
     const bool residual = slot_residual_[slot] != 0;
@@ -365,11 +367,20 @@ DCR_INLINE void owner::build_chunk_items(
     item it;
     it.tensor = targets_[slot];
     it.type = t.type;
-    it.indices = r.indices;
-    it.values = r.old_bytes;  // the gathered old words, turned into values in place
+    // The record lends its indices and gathered old words to the item (the old words are turned
+    // into values in place; return_buffers takes them back once the items are packed); it keeps
+    // its new words for digest_chunk, and a residual output's record its indices too, for
+    // commit().
+    if (residual)
+      it.indices = r.indices;
+    else
+      it.indices.swap(r.indices);
+    it.values.swap(r.old_bytes);
     visit_word(dtype_size(t.type), [&](auto w) {
       using W = decltype(w);
-      encode_gathered_item<W>(it, r.new_words<W>(), policy, delta_permitted, codec);
+      const std::span<const W> new_words(reinterpret_cast<const W*>(r.new_bytes.data()),
+                                         it.indices.size());
+      encode_gathered_item<W>(it, new_words, policy, delta_permitted, codec);
     });
     items.push_back(std::move(it));
     stats.residual_items += residual ? 1 : 0;
@@ -379,15 +390,24 @@ DCR_INLINE void owner::build_chunk_items(
   stats.encode_seconds += seconds(clock::now() - t3);
 }
 
-DCR_INLINE void owner::digest_chunk(std::size_t k) {
-  for (auto slot : chunks_[k].slots) {
-    const auto& r = records_[slot];
-    if (r.indices.empty()) continue;
-    const tensor_id target = targets_[slot];
+DCR_INLINE void owner::return_buffers(std::vector<item>& items) {
+  for (item& it : items) {
+    const std::uint32_t slot = slot_of_.at(it.tensor);
+    record_buffer& r = records_[slot];
+    if (slot_residual_[slot] == 0) r.indices.swap(it.indices);
+    r.old_bytes.swap(it.values);
+  }
+  items.clear();
+}
+
+DCR_INLINE void owner::digest_chunk(std::span<const item> items) {
+  for (const item& it : items) {
+    const tensor_id target = it.tensor;
+    const auto& new_bytes = records_[slot_of_.at(target)].new_bytes;
     change_digest_ = XXH64(&target, sizeof target, change_digest_);
     change_digest_ =
-        XXH64(r.indices.data(), r.indices.size() * sizeof(std::uint64_t), change_digest_);
-    change_digest_ = XXH64(r.new_bytes.data(), r.new_bytes.size(), change_digest_);
+        XXH64(it.indices.data(), it.indices.size() * sizeof(std::uint64_t), change_digest_);
+    change_digest_ = XXH64(new_bytes.data(), new_bytes.size(), change_digest_);
   }
 }
 
@@ -440,9 +460,13 @@ DCR_INLINE void owner::unite(std::vector<std::uint64_t>& a, const std::vector<st
     return;
   }
   if (b.empty()) return;
-  // A retry from the same candidates finds the same set again: a merge walk that allocates
+  // A retry from the same candidates finds the same set again: a comparison that allocates
   // nothing tells it apart from a set that grew.
-  if (b.size() <= a.size() && std::includes(a.begin(), a.end(), b.begin(), b.end())) return;
+  const bool included = b.size() == a.size()
+                            ? std::equal(a.begin(), a.end(), b.begin())  // one memcmp
+                            : b.size() < a.size() &&
+                                  std::includes(a.begin(), a.end(), b.begin(), b.end());
+  if (included) return;
   std::vector<std::uint64_t> out;
   out.reserve(a.size() + b.size());
   std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
@@ -560,6 +584,24 @@ DCR_INLINE void owner::project(std::size_t i, std::span<const std::byte> candida
             f(k, k + 1, mapped_index{pc->part.empty() ? 0u : pc->part[k], pc->index[k]},
               changed[k]);
         };
+        if (task.targets.size() == 1 && gathered && pc == nullptr &&
+            scratch.part_records[0]->indices.empty()) {
+          // The task is the tensor's first: its records are this task's changed words in this
+          // order, so the gathered words become the record's own buffers (swapped, not copied),
+          // and the indices are shifted in place, group by group.
+          record_buffer& r = *scratch.part_records[0];
+          std::uint64_t* index = changed_[i].data();
+          for_each_group([&](std::size_t k0, std::size_t k1, mapped_index d, std::uint64_t j0) {
+            const std::uint64_t shift = d.index - j0;  // modular: d.index + (j - j0)
+            if (shift != 0)
+              for (std::size_t k = k0; k < k1; ++k) index[k] += shift;
+            if (k0 > 0 && index[k0] <= index[k0 - 1]) r.sorted = false;
+          });
+          r.indices.swap(changed_[i]);
+          r.old_bytes.swap(gathered_old_[i]);
+          r.new_bytes.swap(gathered_new_[i]);
+          return;
+        }
         if (task.targets.size() == 1) {
           scratch.part_fill[0] = changed.size();
         } else {
@@ -588,6 +630,7 @@ DCR_INLINE void owner::project(std::size_t i, std::span<const std::byte> candida
             std::uint64_t* index = r.indices.data() + at;
             const std::uint64_t shift = d.index - j0;  // modular: d.index + (j - j0)
             for (std::size_t k = k0; k < k1; ++k) index[k - k0] = changed[k] + shift;
+            if (at > 0 && index[0] <= index[-1]) r.sorted = false;
             W* old_out = reinterpret_cast<W*>(r.old_bytes.data()) + at;
             W* new_out = reinterpret_cast<W*>(r.new_bytes.data()) + at;
             if (gathered) {
