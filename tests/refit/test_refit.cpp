@@ -474,21 +474,15 @@ TEST_CASE("an owner holding several shards of one tensor sends its records sorte
   const auto w = reg.id("w"), v = reg.id("v");
   const std::vector<std::int64_t> shape = {6, 8};
   std::vector<dcr::affine_task> tasks;
-  std::vector<std::pair<dcr::tensor_id, dcr::any_mapping>> layout;
-  for (int r : {1, 0}) {
+  const auto add = [&](std::string name, dcr::any_mapping m, dcr::tensor_id target) {
     dcr::affine_task t;
-    t.shard_name = "w.col" + std::to_string(r);
-    t.mapping = dcr::column_split(shape, 2, r);
-    t.targets = {w};
+    t.shard_name = std::move(name);
+    t.mapping = m;
+    t.targets = {target};
     tasks.push_back(t);
-  }
-  for (int r : {0, 1}) {
-    dcr::affine_task t;
-    t.shard_name = "v.row" + std::to_string(r);
-    t.mapping = dcr::row_split(shape, 2, r);
-    t.targets = {v};
-    tasks.push_back(t);
-  }
+  };
+  for (int r : {1, 0}) add("w.col" + std::to_string(r), dcr::column_split(shape, 2, r), w);
+  for (int r : {0, 1}) add("v.row" + std::to_string(r), dcr::row_split(shape, 2, r), v);
   dcr::owner o(reg, 0, tasks, {});
   dcr::sim::rng g(11);
   // Canonical words of both tensors; each shard is cut from them through its own mapping.
