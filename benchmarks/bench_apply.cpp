@@ -234,7 +234,7 @@ void write_floor(benchmark::State& state) {
       for (std::size_t i = 0; i < n; ++i) *f.at2[i] ^= f.value2[i];
     } else {
       for (std::size_t i = 0; i < n; ++i) {
-        if (i + ahead < n) __builtin_prefetch(f.at2[i + ahead], 1);
+        if (i + ahead < n) dcr::detail::prefetch_for_write(f.at2[i + ahead]);
         *f.at2[i] ^= f.value2[i];
       }
     }
