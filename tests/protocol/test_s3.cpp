@@ -54,10 +54,9 @@ dcr::payload_id pid(std::uint32_t owner, std::uint32_t seq, std::uint64_t base =
   return {{base, target, attempt}, owner, seq};
 }
 
-// Stops the server (SIGSTOP) for `d` from now, in the background; resumed by the destructor at
-// the latest.
-/// Stops the S3 server for `d`, or, without a duration, until the freeze is destroyed (for a
-/// request that must fail however late the test's own thread gets to run on a loaded machine).
+// Stops the S3 server (SIGSTOP) for `d` from now, resumed in the background; without a duration,
+// until the freeze is destroyed (for a request that must fail however late the test's own thread
+// gets to run on a loaded machine). The destructor resumes it at the latest.
 struct freeze {
   pid_t pid;
   std::jthread thread;
